@@ -1,0 +1,159 @@
+"""The bus: one engine session, opened from a URL, scoped to a robot namespace."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Generator
+from typing import Any
+
+from embodied_bus.engines import Engine, open_engine, parse_bus_url
+from embodied_bus.engines.urls import DEFAULT_URL, PulsarSettings, ZenohSettings
+from embodied_bus.errors import BusClosedError
+from embodied_bus.model.clock import BucketClock
+from embodied_bus.model.encoding import ENCODING_RAW
+from embodied_bus.model.qos import PublisherOptions, SubscriptionOptions
+from embodied_bus.model.wire import Modality, validate_stream_name
+from embodied_bus.streams.publisher import Publisher
+from embodied_bus.streams.subscriber import Subscription
+
+__all__ = ["Bus", "open_bus"]
+
+
+class Bus:
+    """A connection to the bus. Open with :func:`open_bus`; close with :meth:`close` or
+    ``async with``. Several buses may be open in one process (no global state)."""
+
+    def __init__(self, url: str, settings: ZenohSettings | PulsarSettings, engine: Engine) -> None:
+        self.url = url
+        self.settings = settings
+        self.engine = engine
+        self.namespace = settings.namespace
+        self._publishers: list[Publisher] = []
+        self._subscriptions: list[Subscription] = []
+        self._closed = False
+
+    @property
+    def engine_name(self) -> str:
+        """``zenoh`` or ``pulsar``."""
+        return self.engine.name
+
+    def _check(self) -> None:
+        if self._closed:
+            raise BusClosedError(f"bus {self.url!r} is closed")
+
+    async def publisher(
+        self,
+        stream: str,
+        *,
+        modality: Modality | str = Modality.OTHER,
+        encoding: str = ENCODING_RAW,
+        frame_id: str = "",
+        clock: BucketClock | None = None,
+        options: PublisherOptions | None = None,
+    ) -> Publisher:
+        """Declare a publisher on a stream.
+
+        Args:
+            stream: Stream name (``lidar/front``, ``camera``...).
+            modality: Sensor kind (enum or name).
+            encoding: Default payload encoding (``raw``, ``npy``, ``cdr:<type>``, ``jpeg``...).
+            frame_id: Default coordinate frame.
+            clock: Bucket width and phase (default: 100 ms, phase 0).
+            options: Backpressure, size limit, chunking, shared memory.
+        """
+        self._check()
+        validate_stream_name(stream)
+        opts = options or PublisherOptions()
+        engine_pub = await self.engine.create_publisher(stream, opts)
+        pub = Publisher(
+            engine_pub,
+            stream=stream,
+            modality=Modality.parse(modality),
+            encoding=encoding,
+            frame_id=frame_id,
+            clock=clock or BucketClock(),
+            options=opts,
+        )
+        self._publishers.append(pub)
+        return pub
+
+    async def subscribe(
+        self, stream: str | None = None, *, options: SubscriptionOptions | None = None
+    ) -> Subscription:
+        """Subscribe to a stream, or to every stream of the namespace (``stream=None``)."""
+        self._check()
+        if stream is not None:
+            validate_stream_name(stream)
+        opts = options or SubscriptionOptions()
+        sub = Subscription(stream, opts, asyncio.get_running_loop())
+        sub._attach(await self.engine.create_subscriber(stream, sub, opts))
+        self._subscriptions.append(sub)
+        return sub
+
+    async def close(self) -> None:
+        """Flush publishers, close subscriptions and the engine session; idempotent."""
+        if self._closed:
+            return
+        self._closed = True
+        try:
+            for pub in self._publishers:
+                await pub.close()
+            for sub in self._subscriptions:
+                await sub.close()
+        finally:
+            await self.engine.close()
+
+    async def __aenter__(self) -> Bus:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.close()
+
+
+class _BusOpener:
+    """Awaitable and async context manager returned by :func:`open_bus`."""
+
+    def __init__(self, url: str, namespace: str | None, connect_timeout_s: float | None) -> None:
+        self._url = url
+        self._namespace = namespace
+        self._timeout = connect_timeout_s
+        self._bus: Bus | None = None
+
+    async def _open(self) -> Bus:
+        settings = parse_bus_url(
+            self._url, namespace=self._namespace, connect_timeout_s=self._timeout
+        )
+        engine = await open_engine(settings)
+        return Bus(self._url, settings, engine)
+
+    def __await__(self) -> Generator[Any, None, Bus]:
+        return self._open().__await__()
+
+    async def __aenter__(self) -> Bus:
+        self._bus = await self._open()
+        return self._bus
+
+    async def __aexit__(self, *exc: object) -> None:
+        if self._bus is not None:
+            await self._bus.close()
+
+
+def open_bus(
+    url: str = DEFAULT_URL,
+    *,
+    namespace: str | None = None,
+    connect_timeout_s: float | None = None,
+) -> _BusOpener:
+    """Open a bus from a URL: ``bus = await open_bus(url)`` or ``async with open_bus(url) as bus``.
+
+    Args:
+        url: ``zenoh:`` (embedded peer, default), ``zenoh://router:7447``, ``pulsar://host:6650``,
+            ``pulsar+ssl://host:6651`` ... (see :mod:`embodied_bus.engines.urls`).
+        namespace: Robot namespace (overrides ``ns=`` in the URL; default ``default``).
+        connect_timeout_s: Time to reach a router or broker (overrides ``timeout=``).
+
+    Raises:
+        BusConfigError: Unknown scheme or option.
+        BusConnectionError: Router or broker unreachable within the timeout.
+    """
+    return _BusOpener(url, namespace, connect_timeout_s)

@@ -1,0 +1,85 @@
+"""The one small interface every engine implements.
+
+An engine moves a header and a payload between named streams. It knows nothing about
+sequence tracking or buffering: it decodes the header with the codec of its wire form and
+hands the result to a :class:`MessageSink`, from its own threads.
+"""
+
+from __future__ import annotations
+
+import abc
+from typing import Callable, Protocol
+
+from embodied_bus.model.qos import PublisherOptions, SubscriptionOptions
+from embodied_bus.model.wire import Header
+
+__all__ = ["AckFn", "Engine", "EnginePublisher", "EngineSubscriber", "MessageSink"]
+
+#: Acknowledges one delivered message to the engine (no-op where the engine has no acks).
+AckFn = Callable[[], None]
+
+
+class MessageSink(Protocol):
+    """Receives what an engine delivers; called from engine threads."""
+
+    def deliver(self, header: Header, payload: bytes, ack: AckFn | None) -> None:
+        """A well-formed message."""
+
+    def reject(self, error: Exception, ack: AckFn | None) -> None:
+        """A message whose header could not be decoded; ``error`` says why."""
+
+
+class EnginePublisher(abc.ABC):
+    """Publishes to one stream."""
+
+    #: Largest payload this publisher can carry, in bytes (None: no engine limit).
+    max_payload_bytes: int | None = None
+
+    @abc.abstractmethod
+    def send(self, header: Header, payload: bytes | bytearray) -> bool:
+        """Hand one sample to the engine without waiting for delivery.
+
+        Returns:
+            False if the engine dropped it under the DROP_OLDEST policy (queue full).
+
+        Raises:
+            PublishError: The engine refused it.
+            PayloadTooLargeError: Over the engine limit.
+        """
+
+    @abc.abstractmethod
+    async def flush(self) -> None:
+        """Wait until every sample sent so far is accepted by the engine (Pulsar: persisted)."""
+
+    @abc.abstractmethod
+    async def close(self) -> None:
+        """Flush and release the publisher."""
+
+
+class EngineSubscriber(abc.ABC):
+    """Delivers messages of one stream (or all streams) to a sink until closed."""
+
+    @abc.abstractmethod
+    async def close(self) -> None:
+        """Stop delivering and release engine resources."""
+
+
+class Engine(abc.ABC):
+    """A connected engine session."""
+
+    #: Short engine name (``zenoh`` / ``pulsar``).
+    name: str = ""
+
+    @abc.abstractmethod
+    async def create_publisher(self, stream: str, options: PublisherOptions) -> EnginePublisher:
+        """Declare a publisher on a stream."""
+
+    @abc.abstractmethod
+    async def create_subscriber(
+        self, stream: str | None, sink: MessageSink, options: SubscriptionOptions
+    ) -> EngineSubscriber:
+        """Subscribe to one stream, or to every stream of the namespace if ``stream`` is None."""
+
+    @abc.abstractmethod
+    async def close(self) -> None:
+        """Close the session; idempotent."""

@@ -1,0 +1,311 @@
+"""Apache Pulsar engine.
+
+Topic layout: one persistent topic per stream,
+``persistent://<tenant>/<pulsar_namespace>/eb.<namespace>.<stream with '/' as '.'>``.
+The bucket id (decimal) is the message key and the bucket start (ms) the event time; the header
+fields travel as message properties. Because every topic keys its messages by the same bucket
+id, a fusion worker that subscribes to all modality topics with ``Key_Shared`` in ``STICKY`` mode
+and the same hash ranges on each topic receives every modality of its buckets.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import re
+import threading
+import uuid
+from typing import Any
+
+import pulsar
+
+from embodied_bus.engines.base import (
+    AckFn,
+    Engine,
+    EnginePublisher,
+    EngineSubscriber,
+    MessageSink,
+)
+from embodied_bus.engines.urls import PulsarSettings
+from embodied_bus.errors import (
+    BusClosedError,
+    BusConnectionError,
+    HeaderError,
+    PayloadTooLargeError,
+    PublishError,
+)
+from embodied_bus.model.qos import Backpressure, PublisherOptions, SubscriptionOptions
+from embodied_bus.model.wire import Header, decode_properties, encode_properties
+
+__all__ = ["PULSAR_MAX_MESSAGE_BYTES", "PulsarEngine", "stream_topic"]
+
+#: Pulsar's default ``maxMessageSize`` (5 MiB) less the client's metadata reserve (10 KiB).
+PULSAR_MAX_MESSAGE_BYTES = 5 * 1024 * 1024 - 10 * 1024
+#: Chunked messages that may be assembled at once per consumer (several producers interleave).
+MAX_PENDING_CHUNKED = 64
+
+_logger = logging.getLogger("embodied_bus.pulsar")
+_client_logger = logging.getLogger("pulsar")
+if _client_logger.level == logging.NOTSET:
+    _client_logger.setLevel(logging.WARNING)
+
+
+def stream_topic(settings: PulsarSettings, stream: str) -> str:
+    """Pulsar topic of a stream."""
+    name = stream.replace("/", ".")
+    return f"persistent://{settings.tenant}/{settings.pulsar_namespace}/eb.{settings.namespace}.{name}"
+
+
+def _pattern(settings: PulsarSettings) -> re.Pattern[str]:
+    prefix = f"persistent://{settings.tenant}/{settings.pulsar_namespace}/eb.{settings.namespace}."
+    return re.compile(re.escape(prefix) + r"[A-Za-z0-9_\-.]+")
+
+
+class _PulsarPublisher(EnginePublisher):
+    def __init__(self, producer: Any, stream: str, options: PublisherOptions) -> None:
+        self._producer = producer
+        self._stream = stream
+        self._chunking = options.chunking
+        self.max_payload_bytes = None if options.chunking else PULSAR_MAX_MESSAGE_BYTES
+        self._lock = threading.Lock()
+        self._pending = 0
+        self._idle = threading.Condition(self._lock)
+        self._errors: list[str] = []
+        self._closed = False
+
+    def _on_sent(self, result: Any, _msg_id: Any) -> None:
+        with self._lock:
+            self._pending -= 1
+            if result != pulsar.Result.Ok:
+                self._errors.append(str(result))
+            if self._pending == 0:
+                self._idle.notify_all()
+
+    def _raise_errors(self) -> None:
+        with self._lock:
+            errors, self._errors = self._errors, []
+        if errors:
+            raise PublishError(
+                f"Pulsar failed to persist {len(errors)} sample(s) of {self._stream!r}: {errors[0]}"
+            )
+
+    def send(self, header: Header, payload: bytes | bytearray) -> bool:
+        if self._closed:
+            raise BusClosedError(f"publisher for {self._stream!r} is closed")
+        self._raise_errors()
+        start_ms = header.bucket_start_ns // 1_000_000
+        with self._lock:
+            self._pending += 1
+        try:
+            self._producer.send_async(
+                bytes(payload) if not isinstance(payload, bytes) else payload,
+                self._on_sent,
+                properties=encode_properties(header),
+                partition_key=str(header.bucket),
+                event_timestamp=start_ms if start_ms > 0 else None,
+            )
+        except pulsar.ProducerQueueIsFull:
+            with self._lock:
+                self._pending -= 1
+            return False
+        except pulsar.MessageTooBig as err:
+            with self._lock:
+                self._pending -= 1
+            raise PayloadTooLargeError(
+                f"payload of {len(payload)} bytes on stream {self._stream!r} exceeds Pulsar's "
+                f"message size limit and chunking is disabled (PublisherOptions(chunking=True))"
+            ) from err
+        except pulsar.PulsarException as err:
+            with self._lock:
+                self._pending -= 1
+            raise PublishError(f"Pulsar send on {self._stream!r} failed: {err}") from err
+        return True
+
+    def _wait_idle(self) -> None:
+        self._producer.flush()
+        with self._lock:
+            while self._pending:
+                self._idle.wait(0.5)
+
+    async def flush(self) -> None:
+        try:
+            await asyncio.to_thread(self._wait_idle)
+        except pulsar.PulsarException as err:
+            raise PublishError(f"Pulsar flush on {self._stream!r} failed: {err}") from err
+        self._raise_errors()
+
+    async def close(self) -> None:
+        if self._closed:
+            return
+        try:
+            await self.flush()
+        finally:
+            self._closed = True
+            try:
+                await asyncio.to_thread(self._producer.close)
+            except pulsar.PulsarException:
+                pass
+
+
+class _PulsarSubscriber(EngineSubscriber):
+    """A consumer drained by its own named thread (isolates BLOCK back-pressure per stream)."""
+
+    def __init__(self, consumer: Any, sink: MessageSink, name: str, ephemeral: bool) -> None:
+        self._consumer = consumer
+        self._sink = sink
+        self._ephemeral = ephemeral
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name=f"eb-pulsar-{name}", daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        consumer = self._consumer
+        deliver = self._sink.deliver
+        reject = self._sink.reject
+        while not self._stop.is_set():
+            try:
+                msg = consumer.receive(timeout_millis=200)
+            except pulsar.Timeout:
+                continue
+            except pulsar.AlreadyClosed:
+                return
+            except pulsar.PulsarException as err:
+                _logger.warning("Pulsar receive failed, retrying: %s", err)
+                self._stop.wait(0.2)
+                continue
+            ack: AckFn = _acker(consumer, msg)
+            try:
+                header = decode_properties(msg.properties())
+            except HeaderError as err:
+                reject(HeaderError(f"message on {msg.topic_name()}: {err}"), ack)
+                continue
+            deliver(header, msg.data(), ack)
+
+    async def close(self) -> None:
+        if self._stop.is_set():
+            return
+        self._stop.set()
+        await asyncio.to_thread(self._thread.join, 5.0)
+
+        def _close() -> None:
+            try:
+                if self._ephemeral:
+                    self._consumer.unsubscribe()
+                else:
+                    self._consumer.close()
+            except pulsar.PulsarException:
+                try:
+                    self._consumer.close()
+                except pulsar.PulsarException:
+                    pass
+
+        await asyncio.to_thread(_close)
+
+
+def _acker(consumer: Any, msg: Any) -> AckFn:
+    def ack() -> None:
+        try:
+            consumer.acknowledge(msg)
+        except pulsar.PulsarException as err:
+            _logger.warning("ack failed (message will be redelivered): %s", err)
+
+    return ack
+
+
+class PulsarEngine(Engine):
+    """A pulsar-client ``Client`` used as a bus engine."""
+
+    name = "pulsar"
+
+    def __init__(self, settings: PulsarSettings, client: Any) -> None:
+        self.settings = settings
+        self.client = client
+        self._closed = False
+
+    @classmethod
+    async def open(cls, settings: PulsarSettings) -> PulsarEngine:
+        """Create the client and check that the broker answers.
+
+        Raises:
+            BusConnectionError: The broker did not answer within ``connect_timeout_s``.
+        """
+        kwargs: dict[str, Any] = {
+            "operation_timeout_seconds": max(1, int(round(settings.connect_timeout_s))),
+            "connection_timeout_ms": int(settings.connect_timeout_s * 1000),
+            "logger": _client_logger,
+        }
+        if settings.service_url.startswith("pulsar+ssl"):
+            kwargs["use_tls"] = True
+            kwargs["tls_trust_certs_file_path"] = settings.tls_trust_certs_file
+            kwargs["tls_allow_insecure_connection"] = settings.tls_allow_insecure
+        if settings.token:
+            kwargs["authentication"] = pulsar.AuthenticationToken(settings.token)
+        client = pulsar.Client(settings.service_url, **kwargs)
+        probe = stream_topic(settings, "_probe")
+        try:
+            await asyncio.wait_for(
+                asyncio.to_thread(client.get_topic_partitions, probe),
+                settings.connect_timeout_s + 2.0,
+            )
+        except (pulsar.PulsarException, TimeoutError) as err:
+            await asyncio.to_thread(client.close)
+            raise BusConnectionError(
+                f"cannot reach Pulsar broker at {settings.service_url} within "
+                f"{settings.connect_timeout_s:g} s: {err or type(err).__name__}"
+            ) from err
+        return cls(settings, client)
+
+    def _check(self) -> None:
+        if self._closed:
+            raise BusClosedError("the Pulsar bus is closed")
+
+    async def create_publisher(self, stream: str, options: PublisherOptions) -> EnginePublisher:
+        self._check()
+        block = options.backpressure is Backpressure.BLOCK
+        send_timeout_s = options.send_timeout_s
+        if send_timeout_s is None:
+            send_timeout_s = 0.0 if block else 30.0
+        try:
+            producer = await asyncio.to_thread(
+                self.client.create_producer,
+                stream_topic(self.settings, stream),
+                chunking_enabled=options.chunking,
+                batching_enabled=False,
+                block_if_queue_full=block,
+                send_timeout_millis=int(send_timeout_s * 1000),
+            )
+        except pulsar.PulsarException as err:
+            raise BusConnectionError(f"cannot create Pulsar producer for {stream!r}: {err}") from err
+        return _PulsarPublisher(producer, stream, options)
+
+    async def create_subscriber(
+        self, stream: str | None, sink: MessageSink, options: SubscriptionOptions
+    ) -> EngineSubscriber:
+        self._check()
+        ephemeral = options.subscription_name is None
+        name = options.subscription_name or f"eb-{uuid.uuid4().hex[:12]}"
+        topic: Any = stream_topic(self.settings, stream) if stream else _pattern(self.settings)
+        kwargs: dict[str, Any] = {
+            "consumer_type": pulsar.ConsumerType.Exclusive,
+            "initial_position": pulsar.InitialPosition.Latest,
+            "receiver_queue_size": max(1, min(1000, options.capacity)),
+            "max_pending_chunked_message": MAX_PENDING_CHUNKED,
+            "auto_ack_oldest_chunked_message_on_queue_full": False,
+        }
+        if stream is None:
+            kwargs["pattern_auto_discovery_period"] = 1
+        try:
+            consumer = await asyncio.to_thread(self.client.subscribe, topic, name, **kwargs)
+        except pulsar.PulsarException as err:
+            raise BusConnectionError(
+                f"cannot subscribe to {stream or 'all streams'!r} on Pulsar: {err}"
+            ) from err
+        return _PulsarSubscriber(consumer, sink, stream or "all", ephemeral)
+
+    async def close(self) -> None:
+        if not self._closed:
+            self._closed = True
+            try:
+                await asyncio.to_thread(self.client.close)
+            except pulsar.PulsarException:
+                pass

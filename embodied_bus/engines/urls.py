@@ -1,0 +1,231 @@
+"""Bus URLs: which engine to use and how to reach it.
+
+Zenoh (embedded, the default)::
+
+    zenoh:                                   embedded peer, multicast scouting off
+    zenoh://10.0.0.2:7447                    peer that connects to a router at that address
+    zenoh:?listen=tcp/0.0.0.0:7447           peer that also listens
+    zenoh:?mode=router&listen=tcp/0.0.0.0:7447   host the router inside this process
+    zenoh:?mode=client&connect=tcp/10.0.0.2:7447 client of a router
+    zenoh:?scouting=multicast                enable multicast scouting (LAN discovery)
+    zenoh:?shm=1                             enable shared memory transport
+    zenoh:?config=/etc/zenoh/robot.json5     start from a Zenoh config file
+
+Apache Pulsar (a cluster)::
+
+    pulsar://broker:6650?tenant=public&pulsar_namespace=default
+    pulsar+ssl://broker:6651?tls_ca=/path/ca.pem&token=...
+
+Every URL accepts ``ns=<robot namespace>`` and ``timeout=<seconds>`` (connect timeout).
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+from urllib.parse import parse_qs, urlsplit
+
+from embodied_bus.errors import BusConfigError
+
+__all__ = [
+    "DEFAULT_CONNECT_TIMEOUT_S",
+    "DEFAULT_NAMESPACE",
+    "DEFAULT_URL",
+    "PulsarSettings",
+    "ZenohSettings",
+    "parse_bus_url",
+    "validate_namespace",
+]
+
+#: The URL used when none is given: an embedded Zenoh peer.
+DEFAULT_URL = "zenoh:"
+#: Default robot namespace.
+DEFAULT_NAMESPACE = "default"
+#: Default time to reach a router or broker, in seconds.
+DEFAULT_CONNECT_TIMEOUT_S = 5.0
+
+_NS_RE = re.compile(r"^[A-Za-z0-9_\-]+$")
+_ZENOH_MODES = ("peer", "client", "router")
+
+
+def validate_namespace(namespace: str) -> str:
+    """Return ``namespace`` if valid (letters, digits, ``_``, ``-``), else raise BusConfigError."""
+    if not isinstance(namespace, str) or not _NS_RE.match(namespace):
+        raise BusConfigError(
+            f"invalid namespace {namespace!r}: use letters, digits, '_' or '-' only"
+        )
+    return namespace
+
+
+@dataclass(frozen=True, slots=True)
+class ZenohSettings:
+    """How to open the Zenoh session.
+
+    Attributes:
+        mode: ``peer`` (default), ``client`` or ``router`` (host a router in this process).
+        listen: Endpoints to listen on, e.g. ``tcp/0.0.0.0:7447``. Empty: engine default.
+        connect: Endpoints (routers or peers) to connect to. With endpoints given, opening the
+            bus fails if none is reachable within ``connect_timeout_s``.
+        multicast_scouting: Enable multicast scouting (off by default: robots on a shared LAN
+            should not discover each other by accident).
+        shm: Enable the shared-memory transport (None: engine default).
+        config_file: A Zenoh JSON5 config file applied first.
+        connect_timeout_s: Seconds to reach the endpoints in ``connect``.
+        namespace: Robot namespace; streams live under ``eb/<namespace>/``.
+    """
+
+    mode: str = "peer"
+    listen: tuple[str, ...] = ()
+    connect: tuple[str, ...] = ()
+    multicast_scouting: bool = False
+    shm: bool | None = None
+    config_file: str | None = None
+    connect_timeout_s: float = DEFAULT_CONNECT_TIMEOUT_S
+    namespace: str = DEFAULT_NAMESPACE
+
+    def __post_init__(self) -> None:
+        if self.mode not in _ZENOH_MODES:
+            raise BusConfigError(f"zenoh mode must be one of {_ZENOH_MODES}, got {self.mode!r}")
+        if self.mode == "client" and not self.connect:
+            raise BusConfigError("zenoh mode=client needs connect=<endpoint> (a router to use)")
+        validate_namespace(self.namespace)
+
+
+@dataclass(frozen=True, slots=True)
+class PulsarSettings:
+    """How to reach an Apache Pulsar cluster.
+
+    Attributes:
+        service_url: ``pulsar://host:port`` or ``pulsar+ssl://host:port``.
+        tenant: Pulsar tenant of the bus topics.
+        pulsar_namespace: Pulsar namespace of the bus topics.
+        tls_trust_certs_file: CA bundle for ``pulsar+ssl``.
+        tls_allow_insecure: Accept any broker certificate (testing only).
+        token: Authentication token (JWT) if the cluster requires one.
+        connect_timeout_s: Seconds to reach the broker before failing.
+        namespace: Robot namespace; topics are named ``eb.<namespace>.<stream>``.
+    """
+
+    service_url: str
+    tenant: str = "public"
+    pulsar_namespace: str = "default"
+    tls_trust_certs_file: str | None = None
+    tls_allow_insecure: bool = False
+    token: str | None = None
+    connect_timeout_s: float = DEFAULT_CONNECT_TIMEOUT_S
+    namespace: str = DEFAULT_NAMESPACE
+    extra: dict[str, str] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        validate_namespace(self.namespace)
+        for key, value in (("tenant", self.tenant), ("pulsar_namespace", self.pulsar_namespace)):
+            if not _NS_RE.match(value):
+                raise BusConfigError(f"invalid Pulsar {key} {value!r}")
+
+
+_TRUE = {"1", "true", "yes", "on"}
+_FALSE = {"0", "false", "no", "off"}
+
+
+def _flag(key: str, value: str) -> bool:
+    v = value.lower()
+    if v in _TRUE:
+        return True
+    if v in _FALSE:
+        return False
+    raise BusConfigError(f"URL option {key}={value!r} is not a boolean (use 1/0, true/false)")
+
+
+def _split_list(values: list[str]) -> tuple[str, ...]:
+    out: list[str] = []
+    for v in values:
+        out.extend(x for x in v.split(",") if x)
+    return tuple(out)
+
+
+def parse_bus_url(
+    url: str, *, namespace: str | None = None, connect_timeout_s: float | None = None
+) -> ZenohSettings | PulsarSettings:
+    """Parse a bus URL into engine settings.
+
+    Args:
+        url: See the module docstring for the forms.
+        namespace: Robot namespace; overrides ``ns=`` in the URL.
+        connect_timeout_s: Overrides ``timeout=`` in the URL.
+
+    Raises:
+        BusConfigError: Unknown scheme or option, or an invalid value; the message names it.
+    """
+    if not isinstance(url, str) or not url:
+        raise BusConfigError(f"bus URL must be a non-empty string, got {url!r}")
+    parts = urlsplit(url)
+    scheme = parts.scheme.lower()
+    try:
+        query = parse_qs(parts.query, keep_blank_values=True, strict_parsing=bool(parts.query))
+    except ValueError as err:
+        raise BusConfigError(f"malformed query in bus URL {url!r}: {err}") from err
+    last = {k: v[-1] for k, v in query.items()}
+    ns = namespace if namespace is not None else last.pop("ns", DEFAULT_NAMESPACE)
+    last.pop("ns", None)
+    try:
+        timeout_s = (
+            connect_timeout_s
+            if connect_timeout_s is not None
+            else float(last.pop("timeout", DEFAULT_CONNECT_TIMEOUT_S))
+        )
+    except ValueError as err:
+        raise BusConfigError(f"URL option timeout must be a number of seconds: {err}") from err
+    last.pop("timeout", None)
+    if timeout_s <= 0:
+        raise BusConfigError(f"connect timeout must be positive, got {timeout_s}")
+
+    if scheme == "zenoh":
+        connect = list(_split_list(query.get("connect", [])))
+        if parts.hostname:
+            port = parts.port or 7447
+            connect.insert(0, f"tcp/{parts.hostname}:{port}")
+        known = {"mode", "listen", "connect", "scouting", "shm", "config"}
+        unknown = set(last) - known
+        if unknown:
+            raise BusConfigError(
+                f"unknown zenoh URL option(s) {sorted(unknown)}; known: {sorted(known | {'ns', 'timeout'})}"
+            )
+        scouting = last.get("scouting", "off").lower()
+        if scouting not in ("off", "multicast"):
+            raise BusConfigError(f"URL option scouting must be 'off' or 'multicast', got {scouting!r}")
+        return ZenohSettings(
+            mode=last.get("mode", "peer"),
+            listen=_split_list(query.get("listen", [])),
+            connect=tuple(connect),
+            multicast_scouting=scouting == "multicast",
+            shm=_flag("shm", last["shm"]) if "shm" in last else None,
+            config_file=last.get("config") or None,
+            connect_timeout_s=timeout_s,
+            namespace=ns,
+        )
+    if scheme in ("pulsar", "pulsar+ssl"):
+        if not parts.hostname:
+            raise BusConfigError(f"Pulsar URL {url!r} needs a host, e.g. pulsar://localhost:6650")
+        try:
+            port = parts.port or (6651 if scheme == "pulsar+ssl" else 6650)
+        except ValueError as err:
+            raise BusConfigError(f"bad port in bus URL {url!r}") from err
+        known = {"tenant", "pulsar_namespace", "tls_ca", "tls_allow_insecure", "token"}
+        unknown = set(last) - known
+        if unknown:
+            raise BusConfigError(
+                f"unknown pulsar URL option(s) {sorted(unknown)}; known: {sorted(known | {'ns', 'timeout'})}"
+            )
+        return PulsarSettings(
+            service_url=f"{scheme}://{parts.hostname}:{port}",
+            tenant=last.get("tenant", "public"),
+            pulsar_namespace=last.get("pulsar_namespace", "default"),
+            tls_trust_certs_file=last.get("tls_ca") or None,
+            tls_allow_insecure=_flag("tls_allow_insecure", last.get("tls_allow_insecure", "0")),
+            token=last.get("token") or None,
+            connect_timeout_s=timeout_s,
+            namespace=ns,
+        )
+    raise BusConfigError(
+        f"unknown bus URL scheme {parts.scheme!r} in {url!r}; use zenoh:, pulsar:// or pulsar+ssl://"
+    )

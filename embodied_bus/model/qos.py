@@ -1,0 +1,98 @@
+"""Delivery options of publishers and subscriptions (engine-neutral)."""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass
+
+from embodied_bus.errors import BusConfigError
+
+__all__ = [
+    "DEFAULT_CAPACITY",
+    "DEFAULT_MAX_PAYLOAD_BYTES",
+    "Backpressure",
+    "PublisherOptions",
+    "SubscriptionOptions",
+]
+
+#: Default subscription buffer capacity, in samples.
+DEFAULT_CAPACITY = 64
+#: Default largest payload a publisher accepts, in bytes (64 MiB).
+DEFAULT_MAX_PAYLOAD_BYTES = 64 * 1024 * 1024
+
+
+class Backpressure(str, enum.Enum):
+    """What happens when a consumer is slower than its producer.
+
+    * ``DROP_OLDEST`` (sensor default): a full subscription buffer discards its oldest sample
+      and counts it, so the latest sample wins; publishers use Zenoh congestion control ``DROP``
+      and Pulsar ``block_if_queue_full=False`` (a full producer queue counts a drop).
+    * ``BLOCK`` (lossless): a full subscription buffer makes the delivering engine thread wait;
+      publishers use Zenoh ``BLOCK`` and Pulsar ``block_if_queue_full=True``.
+    """
+
+    DROP_OLDEST = "drop_oldest"
+    BLOCK = "block"
+
+    @classmethod
+    def parse(cls, value: str | Backpressure) -> Backpressure:
+        """Parse a policy from its value (``drop_oldest`` / ``block``)."""
+        try:
+            return cls(value)
+        except ValueError as err:
+            raise BusConfigError(
+                f"unknown backpressure policy {value!r}; expected 'drop_oldest' or 'block'"
+            ) from err
+
+
+@dataclass(frozen=True, slots=True)
+class PublisherOptions:
+    """How a publisher hands samples to the engine.
+
+    Args:
+        backpressure: ``DROP_OLDEST`` (never wait, count drops) or ``BLOCK`` (lossless).
+        max_payload_bytes: Largest payload accepted; bigger ones raise PayloadTooLargeError.
+        chunking: Pulsar only: split payloads over the broker's message size limit into chunks.
+            When False, a payload over that limit raises PayloadTooLargeError.
+        shm: Zenoh only: send payloads of at least ``shm_threshold_bytes`` through shared memory
+            (same-host zero-copy transport). None means the engine default (off).
+        shm_threshold_bytes: Smallest payload sent through shared memory.
+        send_timeout_s: Pulsar only: how long a sample may wait for the broker before the
+            publisher reports it failed; 0 waits forever (None: 0 for BLOCK, 30 s for DROP).
+    """
+
+    backpressure: Backpressure = Backpressure.DROP_OLDEST
+    max_payload_bytes: int = DEFAULT_MAX_PAYLOAD_BYTES
+    chunking: bool = True
+    shm: bool | None = None
+    shm_threshold_bytes: int = 64 * 1024
+    send_timeout_s: float | None = None
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "backpressure", Backpressure.parse(self.backpressure))
+        if self.max_payload_bytes <= 0:
+            raise BusConfigError(f"max_payload_bytes must be positive, got {self.max_payload_bytes}")
+
+
+@dataclass(frozen=True, slots=True)
+class SubscriptionOptions:
+    """How a subscription buffers samples for the application.
+
+    Args:
+        capacity: Bounded buffer size in samples.
+        backpressure: ``DROP_OLDEST`` (latest wins, drops counted) or ``BLOCK`` (lossless).
+        subscription_name: Pulsar only: a durable subscription name to resume from after a
+            restart. None creates an ephemeral subscription removed on close.
+        deliver_duplicates: Deliver samples whose sequence number was already seen (counted
+            either way).
+    """
+
+    capacity: int = DEFAULT_CAPACITY
+    backpressure: Backpressure = Backpressure.DROP_OLDEST
+    subscription_name: str | None = None
+    deliver_duplicates: bool = False
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "backpressure", Backpressure.parse(self.backpressure))
+        if self.capacity < 1:
+            raise BusConfigError(f"subscription capacity must be >= 1, got {self.capacity}")

@@ -1,0 +1,76 @@
+"""A received (or to-be-published) sensor sample."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from embodied_bus.model.encoding import ENCODING_NPY, decode_npy
+from embodied_bus.model.wire import Header, Modality
+from embodied_bus.errors import EncodingError
+
+__all__ = ["Payload", "Sample"]
+
+#: What a publisher accepts as a payload.
+Payload = bytes | bytearray | memoryview | np.ndarray
+
+
+@dataclass(slots=True)
+class Sample:
+    """One sample of a stream as seen by a subscriber.
+
+    Attributes:
+        header: The decoded wire header.
+        payload: The payload bytes, untouched by the bus.
+        receive_ns: Wall-clock time the subscriber got it, UTC nanoseconds.
+        out_of_order: True if it arrived after a later sample of the same publisher.
+    """
+
+    header: Header
+    payload: bytes | memoryview
+    receive_ns: int
+    out_of_order: bool = False
+
+    @property
+    def stream(self) -> str:
+        """Stream name."""
+        return self.header.stream
+
+    @property
+    def modality(self) -> Modality:
+        """Sensor kind."""
+        return self.header.modality
+
+    @property
+    def seq(self) -> int:
+        """Per-publisher sequence number (starts at 1)."""
+        return self.header.seq
+
+    @property
+    def stamp_ns(self) -> int:
+        """Sensor stamp in UTC nanoseconds."""
+        return self.header.stamp_ns
+
+    @property
+    def bucket(self) -> int:
+        """Time-bucket id."""
+        return self.header.bucket
+
+    @property
+    def latency_ns(self) -> int:
+        """Publish-to-receive latency in nanoseconds (wall clocks of both hosts)."""
+        return self.receive_ns - self.header.publish_ns
+
+    def as_array(self) -> np.ndarray[Any, Any]:
+        """Return the payload as a NumPy array viewing the payload (``npy`` encoding only).
+
+        Raises:
+            EncodingError: The encoding is not ``npy`` or the blob is malformed.
+        """
+        if self.header.encoding != ENCODING_NPY:
+            raise EncodingError(
+                f"stream {self.header.stream!r} carries {self.header.encoding!r}, not npy"
+            )
+        return decode_npy(self.payload)

@@ -1,0 +1,273 @@
+"""Versioned wire header of a sample, and its two encodings.
+
+* **Binary** (Zenoh attachment): a fixed little-endian struct followed by three UTF-8 strings.
+* **Properties** (Pulsar message properties): the same fields as text, plus the bucket id as the
+  message key and the bucket start as the event time (set by the Pulsar engine).
+
+The layout is documented in ``docs/wire-format.md``; change both together and bump
+:data:`WIRE_VERSION` on any incompatible change.
+"""
+
+from __future__ import annotations
+
+import enum
+import re
+import struct
+from dataclasses import dataclass, replace
+from typing import Mapping
+
+from embodied_bus.errors import HeaderError
+
+__all__ = [
+    "HEADER_STRUCT",
+    "MAX_NAME_BYTES",
+    "WIRE_MAGIC",
+    "WIRE_VERSION",
+    "Header",
+    "HeaderFlags",
+    "Modality",
+    "decode_header",
+    "decode_properties",
+    "encode_header",
+    "encode_properties",
+    "validate_stream_name",
+]
+
+#: Two magic bytes that open every binary header.
+WIRE_MAGIC = b"EB"
+#: Version of the header layout; receivers reject versions they do not know.
+WIRE_VERSION = 1
+#: Longest stream name, encoding or frame_id in UTF-8 bytes.
+MAX_NAME_BYTES = 1024
+
+#: magic, version, flags, modality, reserved, seq, stamp_ns, bucket, width_ns, offset_ns,
+#: publisher_id, publish_ns, len(stream), len(encoding), len(frame_id)
+HEADER_STRUCT = struct.Struct("<2sBBBxQqqQqQqHHH")
+
+_STREAM_RE = re.compile(r"^[A-Za-z0-9_\-]+(/[A-Za-z0-9_\-]+)*$")
+
+
+class Modality(enum.IntEnum):
+    """What kind of sensor (or derived data) a stream carries."""
+
+    OTHER = 0
+    LIDAR = 1
+    CAMERA = 2
+    GPS = 3
+    IMU = 4
+    RADAR = 5
+    LASER_SCAN = 6
+    ODOMETRY = 7
+    FRAME = 8
+
+    @classmethod
+    def parse(cls, value: str | int | Modality) -> Modality:
+        """Parse a modality from its name (case-insensitive) or number."""
+        if isinstance(value, Modality):
+            return value
+        try:
+            if isinstance(value, int) or (isinstance(value, str) and value.isdigit()):
+                return cls(int(value))
+            return cls[str(value).upper()]
+        except (KeyError, ValueError) as err:
+            names = ", ".join(m.name.lower() for m in cls)
+            raise HeaderError(f"unknown modality {value!r}; expected one of {names}") from err
+
+
+class HeaderFlags(enum.IntFlag):
+    """Bit flags carried in the header."""
+
+    NONE = 0
+    #: The sensor stamp was zero; ``stamp_ns`` is the publisher's receive/log time instead.
+    STAMP_FALLBACK = 1
+    #: The payload travelled through Zenoh shared memory.
+    SHM = 2
+
+
+@dataclass(frozen=True, slots=True)
+class Header:
+    """Everything a sample carries besides its payload.
+
+    Attributes:
+        stream: Stream name, segments of ``[A-Za-z0-9_-]`` separated by ``/``.
+        modality: Sensor kind.
+        seq: Per-publisher sequence number, starting at 1.
+        stamp_ns: Sensor stamp in UTC nanoseconds.
+        bucket: Time-bucket id, ``(stamp_ns - bucket_offset_ns) // bucket_width_ns``.
+        bucket_width_ns: Bucket width in nanoseconds.
+        bucket_offset_ns: Bucket phase offset in nanoseconds.
+        encoding: Payload encoding, e.g. ``cdr:sensor_msgs/msg/PointCloud2``, ``npy``, ``raw``.
+        frame_id: Coordinate frame of the data (may be empty).
+        publisher_id: Random 64-bit id of the publishing endpoint (scopes ``seq``).
+        publish_ns: Wall-clock time at publish, UTC nanoseconds (for latency).
+        flags: :class:`HeaderFlags`.
+    """
+
+    stream: str
+    modality: Modality
+    seq: int
+    stamp_ns: int
+    bucket: int
+    bucket_width_ns: int
+    bucket_offset_ns: int
+    encoding: str
+    frame_id: str
+    publisher_id: int
+    publish_ns: int
+    flags: HeaderFlags = HeaderFlags.NONE
+
+    @property
+    def bucket_start_ns(self) -> int:
+        """First nanosecond of this sample's bucket."""
+        return self.bucket * self.bucket_width_ns + self.bucket_offset_ns
+
+    def with_publish_ns(self, publish_ns: int) -> Header:
+        """Return a copy with a new publish time."""
+        return replace(self, publish_ns=publish_ns)
+
+
+def validate_stream_name(stream: str) -> str:
+    """Return ``stream`` if it is a valid stream name, else raise :class:`HeaderError`."""
+    if not isinstance(stream, str) or not _STREAM_RE.match(stream):
+        raise HeaderError(
+            f"invalid stream name {stream!r}: use segments of letters, digits, '_' or '-' "
+            "separated by '/'"
+        )
+    if len(stream.encode()) > MAX_NAME_BYTES:
+        raise HeaderError(f"stream name longer than {MAX_NAME_BYTES} bytes")
+    return stream
+
+
+def encode_header(h: Header) -> bytes:
+    """Encode a header to its binary form (used as the Zenoh attachment)."""
+    s = h.stream.encode()
+    e = h.encoding.encode()
+    f = h.frame_id.encode()
+    if max(len(s), len(e), len(f)) > MAX_NAME_BYTES:
+        raise HeaderError(f"stream, encoding or frame_id longer than {MAX_NAME_BYTES} bytes")
+    return (
+        HEADER_STRUCT.pack(
+            WIRE_MAGIC,
+            WIRE_VERSION,
+            int(h.flags),
+            int(h.modality),
+            h.seq,
+            h.stamp_ns,
+            h.bucket,
+            h.bucket_width_ns,
+            h.bucket_offset_ns,
+            h.publisher_id,
+            h.publish_ns,
+            len(s),
+            len(e),
+            len(f),
+        )
+        + s
+        + e
+        + f
+    )
+
+
+_MODALITIES = {int(m): m for m in Modality}
+
+
+def decode_header(data: bytes) -> Header:
+    """Decode a binary header.
+
+    Raises:
+        HeaderError: The bytes are not a valid header of a known version; the message says why.
+    """
+    n = HEADER_STRUCT.size
+    if len(data) < n:
+        raise HeaderError(f"header too short: {len(data)} bytes, need at least {n}")
+    (magic, version, flags, modality, seq, stamp_ns, bucket, width_ns, offset_ns, pub_id,
+     publish_ns, ls, le, lf) = HEADER_STRUCT.unpack_from(data)
+    if magic != WIRE_MAGIC:
+        raise HeaderError(f"bad header magic {magic!r}, expected {WIRE_MAGIC!r}")
+    if version != WIRE_VERSION:
+        raise HeaderError(f"unsupported header version {version}, this build reads {WIRE_VERSION}")
+    if len(data) != n + ls + le + lf:
+        raise HeaderError(
+            f"header length mismatch: {len(data)} bytes, fields say {n + ls + le + lf}"
+        )
+    mod = _MODALITIES.get(modality)
+    if mod is None:
+        raise HeaderError(f"unknown modality number {modality}")
+    if width_ns <= 0:
+        raise HeaderError(f"bucket width must be positive, got {width_ns}")
+    if seq == 0:
+        raise HeaderError("sequence number 0 is invalid (sequences start at 1)")
+    try:
+        stream = data[n : n + ls].decode()
+        encoding = data[n + ls : n + ls + le].decode()
+        frame_id = data[n + ls + le :].decode()
+    except UnicodeDecodeError as err:
+        raise HeaderError(f"header string is not UTF-8: {err}") from err
+    return Header(stream, mod, seq, stamp_ns, bucket, width_ns, offset_ns, encoding, frame_id,
+                  pub_id, publish_ns, HeaderFlags(flags))
+
+
+_PROP_KEYS = ("eb.v", "eb.stream", "eb.modality", "eb.seq", "eb.stamp_ns", "eb.bucket",
+              "eb.width_ns", "eb.offset_ns", "eb.encoding", "eb.frame_id", "eb.pub", "eb.pub_ns",
+              "eb.flags")
+
+
+def encode_properties(h: Header) -> dict[str, str]:
+    """Encode a header as Pulsar message properties (text)."""
+    return {
+        "eb.v": str(WIRE_VERSION),
+        "eb.stream": h.stream,
+        "eb.modality": h.modality.name.lower(),
+        "eb.seq": str(h.seq),
+        "eb.stamp_ns": str(h.stamp_ns),
+        "eb.bucket": str(h.bucket),
+        "eb.width_ns": str(h.bucket_width_ns),
+        "eb.offset_ns": str(h.bucket_offset_ns),
+        "eb.encoding": h.encoding,
+        "eb.frame_id": h.frame_id,
+        "eb.pub": format(h.publisher_id, "016x"),
+        "eb.pub_ns": str(h.publish_ns),
+        "eb.flags": str(int(h.flags)),
+    }
+
+
+def decode_properties(props: Mapping[str, str]) -> Header:
+    """Decode a header from Pulsar message properties.
+
+    Raises:
+        HeaderError: A property is missing or malformed; the message names it.
+    """
+    missing = [k for k in _PROP_KEYS if k not in props]
+    if missing:
+        raise HeaderError(f"message properties lack {', '.join(missing)}")
+    if props["eb.v"] != str(WIRE_VERSION):
+        raise HeaderError(
+            f"unsupported header version {props['eb.v']!r}, this build reads {WIRE_VERSION}"
+        )
+    key = ""
+    try:
+        key = "eb.seq"
+        seq = int(props[key])
+        key = "eb.stamp_ns"
+        stamp_ns = int(props[key])
+        key = "eb.bucket"
+        bucket = int(props[key])
+        key = "eb.width_ns"
+        width_ns = int(props[key])
+        key = "eb.offset_ns"
+        offset_ns = int(props[key])
+        key = "eb.pub"
+        pub = int(props[key], 16)
+        key = "eb.pub_ns"
+        pub_ns = int(props[key])
+        key = "eb.flags"
+        flags = HeaderFlags(int(props[key]))
+    except ValueError as err:
+        raise HeaderError(f"property {key} is not a valid integer: {props[key]!r}") from err
+    if seq <= 0:
+        raise HeaderError(f"property eb.seq must be >= 1, got {seq}")
+    if width_ns <= 0:
+        raise HeaderError(f"property eb.width_ns must be positive, got {width_ns}")
+    return Header(props["eb.stream"], Modality.parse(props["eb.modality"]), seq, stamp_ns, bucket,
+                  width_ns, offset_ns, props["eb.encoding"], props["eb.frame_id"], pub, pub_ns,
+                  flags)

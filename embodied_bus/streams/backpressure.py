@@ -1,0 +1,130 @@
+"""Bounded hand-off from engine threads to an asyncio consumer, with a backpressure policy."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+from collections import deque
+from typing import Generic, TypeVar
+
+from embodied_bus.errors import BusClosedError
+from embodied_bus.model.qos import Backpressure
+
+__all__ = ["BoundedBuffer"]
+
+T = TypeVar("T")
+
+def _wake(fut: asyncio.Future[None]) -> None:
+    if not fut.done():
+        fut.set_result(None)
+
+
+class BoundedBuffer(Generic[T]):
+    """A thread-safe bounded FIFO: engine threads ``put``, one asyncio task ``get``\\ s.
+
+    Args:
+        capacity: Maximum number of buffered items (>= 1).
+        policy: What ``put`` does when full; see :class:`Backpressure`.
+        loop: The event loop of the consumer.
+    """
+
+    def __init__(self, capacity: int, policy: Backpressure, loop: asyncio.AbstractEventLoop) -> None:
+        if capacity < 1:
+            raise ValueError(f"buffer capacity must be >= 1, got {capacity}")
+        self.capacity = capacity
+        self.policy = policy
+        self._loop = loop
+        self._items: deque[T] = deque()
+        self._lock = threading.Lock()
+        self._not_full = threading.Condition(self._lock)
+        self._blocked = 0
+        self._waiter: asyncio.Future[None] | None = None
+        self._closed = False
+        #: Items discarded by ``DROP_OLDEST``.
+        self.dropped = 0
+
+    def __len__(self) -> int:
+        return len(self._items)
+
+    def put(self, item: T) -> T | None:
+        """Add an item from any thread except the consumer's loop thread (under ``BLOCK``).
+
+        Returns:
+            The item discarded to make room (``DROP_OLDEST``), else None. Also returns ``item``
+            itself if the buffer is closed.
+        """
+        dropped: T | None = None
+        with self._lock:
+            if self._closed:
+                return item
+            if len(self._items) >= self.capacity:
+                if self.policy is Backpressure.DROP_OLDEST:
+                    dropped = self._items.popleft()
+                    self.dropped += 1
+                else:
+                    self._blocked += 1
+                    try:
+                        while len(self._items) >= self.capacity and not self._closed:
+                            self._not_full.wait(0.5)
+                    finally:
+                        self._blocked -= 1
+                    if self._closed:
+                        return item
+            self._items.append(item)
+            waiter = self._waiter
+            self._waiter = None
+        if waiter is not None:
+            self._loop.call_soon_threadsafe(_wake, waiter)
+        return dropped
+
+    def get_nowait(self) -> T | None:
+        """Pop the oldest item, or return None if empty."""
+        with self._lock:
+            if not self._items:
+                return None
+            item = self._items.popleft()
+            if self._blocked:
+                self._not_full.notify()
+            return item
+
+    async def get(self, timeout_s: float | None = None) -> T:
+        """Wait for and pop the oldest item.
+
+        Raises:
+            TimeoutError: Nothing arrived within ``timeout_s`` seconds.
+            BusClosedError: The buffer was closed and is empty.
+        """
+        while True:
+            with self._lock:
+                if self._items:
+                    item = self._items.popleft()
+                    if self._blocked:
+                        self._not_full.notify()
+                    return item
+                if self._closed:
+                    raise BusClosedError("subscription closed")
+                fut: asyncio.Future[None] = self._loop.create_future()
+                self._waiter = fut
+            try:
+                if timeout_s is None:
+                    await fut
+                else:
+                    async with asyncio.timeout(timeout_s):
+                        await fut
+            finally:
+                with self._lock:
+                    if self._waiter is fut:
+                        self._waiter = None
+
+    def close(self) -> list[T]:
+        """Close the buffer, wake all waiters and return what was left in it."""
+        with self._lock:
+            self._closed = True
+            left = list(self._items)
+            self._items.clear()
+            self._not_full.notify_all()
+            waiter = self._waiter
+            self._waiter = None
+        if waiter is not None and not self._loop.is_closed():
+            self._loop.call_soon_threadsafe(_wake, waiter)
+        return left

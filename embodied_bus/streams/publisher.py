@@ -1,0 +1,166 @@
+"""Publishers of sensor samples: stamp → bucket, sequence numbers, size checks."""
+
+from __future__ import annotations
+
+import random
+import time
+from typing import Any
+
+import numpy as np
+
+from embodied_bus.engines.base import EnginePublisher
+from embodied_bus.errors import BusClosedError, PayloadTooLargeError
+from embodied_bus.model.clock import BucketClock
+from embodied_bus.model.encoding import ENCODING_NPY, encode_npy
+from embodied_bus.model.qos import PublisherOptions
+from embodied_bus.model.sample import Payload
+from embodied_bus.model.wire import Header, HeaderFlags, Modality
+
+__all__ = ["Publisher"]
+
+
+class Publisher:
+    """Publishes the samples of one stream; create with :meth:`embodied_bus.Bus.publisher`.
+
+    Sequence numbers start at 1 and increase by one per accepted sample. A sample dropped by
+    the engine under ``drop_oldest`` still consumes its number, so subscribers see the gap.
+    """
+
+    def __init__(
+        self,
+        engine_pub: EnginePublisher,
+        *,
+        stream: str,
+        modality: Modality,
+        encoding: str,
+        frame_id: str,
+        clock: BucketClock,
+        options: PublisherOptions,
+    ) -> None:
+        self._pub = engine_pub
+        self.stream = stream
+        self.modality = modality
+        self.encoding = encoding
+        self.frame_id = frame_id
+        self.clock = clock
+        self.options = options
+        self.publisher_id = random.getrandbits(64)
+        self._seq = 0
+        self._closed = False
+        limit = options.max_payload_bytes
+        if engine_pub.max_payload_bytes is not None:
+            limit = min(limit, engine_pub.max_payload_bytes)
+        self._limit = limit
+        #: Samples the engine dropped (drop_oldest with a full queue).
+        self.dropped = 0
+        #: Samples handed to the engine.
+        self.sent = 0
+
+    @property
+    def seq(self) -> int:
+        """Sequence number of the last published sample (0 before the first)."""
+        return self._seq
+
+    def publish_nowait(
+        self,
+        payload: Payload,
+        *,
+        stamp_ns: int,
+        encoding: str | None = None,
+        frame_id: str | None = None,
+    ) -> Header:
+        """Publish one sample without awaiting (the asyncio methods wrap this).
+
+        Args:
+            payload: bytes-like, or a NumPy array (sent as ``npy`` unless ``encoding`` says
+                otherwise, in which case its raw bytes are sent).
+            stamp_ns: Sensor stamp in UTC nanoseconds. 0 means "no stamp": the current time is
+                used and the header carries ``STAMP_FALLBACK``.
+            encoding: Overrides the publisher's encoding for this sample.
+            frame_id: Overrides the publisher's frame_id for this sample.
+
+        Returns:
+            The header that was sent.
+
+        Raises:
+            PayloadTooLargeError: The payload exceeds the publisher's or engine's limit.
+            PublishError: The engine refused the sample.
+        """
+        if self._closed:
+            raise BusClosedError(f"publisher for {self.stream!r} is closed")
+        data: bytes | bytearray
+        if isinstance(payload, np.ndarray):
+            enc = encoding or self.encoding
+            data = encode_npy(payload) if enc == ENCODING_NPY else payload.tobytes()
+        elif isinstance(payload, memoryview):
+            data = payload.tobytes()
+        elif isinstance(payload, (bytes, bytearray)):
+            data = payload
+        else:
+            raise TypeError(
+                f"payload must be bytes, bytearray, memoryview or numpy array, not {type(payload).__name__}"
+            )
+        if len(data) > self._limit:
+            raise PayloadTooLargeError(
+                f"payload of {len(data)} bytes on stream {self.stream!r} exceeds the limit of "
+                f"{self._limit} bytes"
+                + (
+                    " (Pulsar without chunking; enable PublisherOptions(chunking=True))"
+                    if self._pub.max_payload_bytes is not None
+                    and self._limit == self._pub.max_payload_bytes
+                    else " (PublisherOptions.max_payload_bytes)"
+                )
+            )
+        flags = HeaderFlags.NONE
+        now_ns = time.time_ns()
+        if stamp_ns == 0:
+            stamp_ns = now_ns
+            flags = HeaderFlags.STAMP_FALLBACK
+        seq = self._seq + 1
+        clock = self.clock
+        header = Header(
+            self.stream,
+            self.modality,
+            seq,
+            stamp_ns,
+            (stamp_ns - clock.offset_ns) // clock.width_ns,
+            clock.width_ns,
+            clock.offset_ns,
+            encoding or self.encoding,
+            self.frame_id if frame_id is None else frame_id,
+            self.publisher_id,
+            now_ns,
+            flags,
+        )
+        accepted = self._pub.send(header, data)
+        self._seq = seq
+        if accepted:
+            self.sent += 1
+        else:
+            self.dropped += 1
+        return header
+
+    async def publish(
+        self,
+        payload: Payload,
+        *,
+        stamp_ns: int,
+        encoding: str | None = None,
+        frame_id: str | None = None,
+    ) -> Header:
+        """Publish one sample (see :meth:`publish_nowait`); use :meth:`flush` to wait for it."""
+        return self.publish_nowait(payload, stamp_ns=stamp_ns, encoding=encoding, frame_id=frame_id)
+
+    async def publish_array(self, array: np.ndarray[Any, Any], *, stamp_ns: int) -> Header:
+        """Publish a NumPy array as an ``npy`` blob (one copy into the message)."""
+        return self.publish_nowait(array, stamp_ns=stamp_ns, encoding=ENCODING_NPY)
+
+    async def flush(self) -> None:
+        """Wait until the engine accepted every sample published so far (Pulsar: persisted)."""
+        await self._pub.flush()
+
+    async def close(self) -> None:
+        """Flush and release the publisher; idempotent."""
+        if not self._closed:
+            self._closed = True
+            await self._pub.close()

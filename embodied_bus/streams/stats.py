@@ -1,0 +1,99 @@
+"""Per-stream statistics: rate, bandwidth, gaps and latency."""
+
+from __future__ import annotations
+
+import time
+from collections import deque
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from embodied_bus.streams.tracker import SequenceTracker, Verdict
+
+__all__ = ["LATENCY_WINDOW", "RATE_WINDOW_S", "StreamStats"]
+
+#: Number of most recent latencies kept for percentiles.
+LATENCY_WINDOW = 2048
+#: Sliding window for rates, in seconds.
+RATE_WINDOW_S = 2.0
+
+
+@dataclass(slots=True)
+class StreamStats:
+    """Counters of one stream as seen by one subscription.
+
+    Attributes:
+        received: Samples that reached the subscription (before de-duplication).
+        delivered: Samples handed to the application.
+        dropped: Samples discarded by a full ``drop_oldest`` buffer.
+        bytes: Payload bytes received.
+    """
+
+    stream: str
+    received: int = 0
+    delivered: int = 0
+    dropped: int = 0
+    bytes: int = 0
+    seq: SequenceTracker = field(default_factory=SequenceTracker)
+    _latencies_ns: deque[int] = field(default_factory=lambda: deque(maxlen=LATENCY_WINDOW))
+    _arrivals: deque[tuple[float, int]] = field(default_factory=deque)
+
+    def observe(self, publisher_id: int, seq: int, size: int, latency_ns: int) -> Verdict:
+        """Account one received sample; returns its sequence verdict."""
+        self.received += 1
+        self.bytes += size
+        self._latencies_ns.append(latency_ns)
+        now = time.monotonic()
+        arrivals = self._arrivals
+        arrivals.append((now, size))
+        cutoff = now - RATE_WINDOW_S
+        while arrivals and arrivals[0][0] < cutoff:
+            arrivals.popleft()
+        return self.seq.observe(publisher_id, seq)
+
+    def rate_hz(self) -> float:
+        """Samples per second over the last :data:`RATE_WINDOW_S` seconds."""
+        self._trim()
+        if len(self._arrivals) < 2:
+            return 0.0
+        span = self._arrivals[-1][0] - self._arrivals[0][0]
+        return (len(self._arrivals) - 1) / span if span > 0 else 0.0
+
+    def bandwidth_bps(self) -> float:
+        """Payload bytes per second over the last :data:`RATE_WINDOW_S` seconds."""
+        self._trim()
+        if len(self._arrivals) < 2:
+            return 0.0
+        span = self._arrivals[-1][0] - self._arrivals[0][0]
+        return sum(s for _, s in list(self._arrivals)[1:]) / span if span > 0 else 0.0
+
+    def latency_percentiles_ms(self) -> tuple[float, float]:
+        """Publish-to-receive latency (p50, p99) in milliseconds over recent samples."""
+        if not self._latencies_ns:
+            return (float("nan"), float("nan"))
+        arr = np.fromiter(self._latencies_ns, dtype=np.int64) / 1e6
+        p50, p99 = np.percentile(arr, [50, 99])
+        return (float(p50), float(p99))
+
+    def _trim(self) -> None:
+        cutoff = time.monotonic() - RATE_WINDOW_S
+        while self._arrivals and self._arrivals[0][0] < cutoff:
+            self._arrivals.popleft()
+
+    def as_dict(self) -> dict[str, object]:
+        """A JSON-ready summary."""
+        p50, p99 = self.latency_percentiles_ms()
+        return {
+            "stream": self.stream,
+            "received": self.received,
+            "delivered": self.delivered,
+            "rate_hz": round(self.rate_hz(), 2),
+            "bandwidth_MBps": round(self.bandwidth_bps() / 1e6, 3),
+            "gaps": self.seq.gaps,
+            "missing": self.seq.missing,
+            "out_of_order": self.seq.out_of_order,
+            "duplicates": self.seq.duplicates,
+            "dropped": self.dropped,
+            "latency_p50_ms": None if p50 != p50 else round(p50, 3),
+            "latency_p99_ms": None if p99 != p99 else round(p99, 3),
+        }

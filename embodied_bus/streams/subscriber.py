@@ -1,0 +1,154 @@
+"""Subscriptions: ordered delivery with gap tracking and a bounded, policy-driven buffer."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import AsyncIterator
+from typing import Callable
+
+from embodied_bus.engines.base import AckFn, EngineSubscriber
+from embodied_bus.errors import BusClosedError
+from embodied_bus.model.qos import SubscriptionOptions
+from embodied_bus.model.sample import Sample
+from embodied_bus.model.wire import Header
+from embodied_bus.streams.backpressure import BoundedBuffer
+from embodied_bus.streams.stats import StreamStats
+from embodied_bus.streams.tracker import Verdict
+
+__all__ = ["Subscription"]
+
+_log = logging.getLogger("embodied_bus.streams")
+
+_Item = tuple[Sample, AckFn | None]
+
+
+class Subscription:
+    """Samples of one stream (or of every stream) of a namespace.
+
+    Iterate with ``async for sample in sub`` or call :meth:`recv`. Statistics per stream are in
+    :attr:`stats`; malformed messages are counted in :attr:`malformed` and never stop delivery.
+    """
+
+    def __init__(
+        self, stream: str | None, options: SubscriptionOptions, loop: asyncio.AbstractEventLoop
+    ) -> None:
+        self.stream = stream
+        self.options = options
+        self._buffer: BoundedBuffer[_Item] = BoundedBuffer(
+            options.capacity, options.backpressure, loop
+        )
+        #: Per-stream statistics, keyed by stream name.
+        self.stats: dict[str, StreamStats] = {}
+        #: Messages rejected because their header was malformed.
+        self.malformed = 0
+        #: The last malformed-message error, for diagnostics.
+        self.last_error: Exception | None = None
+        self._engine_sub: EngineSubscriber | None = None
+        self._closed = False
+        self._clock: Callable[[], int] = time.time_ns
+
+    def _attach(self, engine_sub: EngineSubscriber) -> None:
+        self._engine_sub = engine_sub
+
+    # -- MessageSink (engine threads) ------------------------------------------------------
+    def deliver(self, header: Header, payload: bytes, ack: AckFn | None) -> None:
+        """Called by the engine for each well-formed message."""
+        now = self._clock()
+        st = self.stats.get(header.stream)
+        if st is None:
+            st = self.stats[header.stream] = StreamStats(header.stream)
+        verdict = st.observe(header.publisher_id, header.seq, len(payload), now - header.publish_ns)
+        if verdict is Verdict.DUPLICATE and not self.options.deliver_duplicates:
+            if ack is not None:
+                ack()
+            return
+        dropped = self._buffer.put(
+            (Sample(header, payload, now, verdict is Verdict.OUT_OF_ORDER), ack)
+        )
+        if dropped is not None:
+            sample, dropped_ack = dropped
+            self.stats[sample.header.stream].dropped += 1
+            if dropped_ack is not None:
+                dropped_ack()
+
+    def reject(self, error: Exception, ack: AckFn | None) -> None:
+        """Called by the engine for a message whose header is malformed."""
+        self.malformed += 1
+        self.last_error = error
+        if self.malformed <= 10 or self.malformed % 1000 == 0:
+            _log.warning("dropped malformed message (%d so far): %s", self.malformed, error)
+        if ack is not None:
+            ack()
+
+    # -- application side ----------------------------------------------------------------
+    def _take(self, item: _Item) -> Sample:
+        sample, ack = item
+        if ack is not None:
+            ack()
+        st = self.stats.get(sample.header.stream)
+        if st is not None:
+            st.delivered += 1
+        return sample
+
+    async def recv(self, timeout_s: float | None = None) -> Sample:
+        """Wait for the next sample.
+
+        Raises:
+            TimeoutError: None arrived within ``timeout_s`` seconds.
+            BusClosedError: The subscription is closed.
+        """
+        return self._take(await self._buffer.get(timeout_s))
+
+    def recv_nowait(self) -> Sample | None:
+        """Return the next buffered sample, or None if none is waiting."""
+        item = self._buffer.get_nowait()
+        return None if item is None else self._take(item)
+
+    def __aiter__(self) -> AsyncIterator[Sample]:
+        return self
+
+    async def __anext__(self) -> Sample:
+        item = self._buffer.get_nowait()
+        if item is None:
+            try:
+                item = await self._buffer.get()
+            except BusClosedError:
+                raise StopAsyncIteration from None
+        return self._take(item)
+
+    def buffered(self) -> int:
+        """Samples waiting in the buffer."""
+        return len(self._buffer)
+
+    def counters(self) -> dict[str, int]:
+        """Totals over all streams: received, delivered, gaps, missing, ... (for tests and CLI)."""
+        out = {k: 0 for k in ("received", "delivered", "gaps", "missing", "out_of_order",
+                              "duplicates", "dropped")}
+        for st in list(self.stats.values()):
+            out["received"] += st.received
+            out["delivered"] += st.delivered
+            out["gaps"] += st.seq.gaps
+            out["missing"] += st.seq.missing
+            out["out_of_order"] += st.seq.out_of_order
+            out["duplicates"] += st.seq.duplicates
+            out["dropped"] += st.dropped
+        out["malformed"] = self.malformed
+        return out
+
+    async def close(self) -> None:
+        """Stop receiving; buffered samples are discarded (not acknowledged, so a durable
+        Pulsar subscription gets them again). Idempotent."""
+        if self._closed:
+            return
+        self._closed = True
+        self._buffer.close()
+        if self._engine_sub is not None:
+            await self._engine_sub.close()
+
+    async def __aenter__(self) -> Subscription:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.close()

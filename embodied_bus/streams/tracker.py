@@ -1,0 +1,82 @@
+"""Per-publisher sequence tracking: gaps, duplicates and out-of-order samples."""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass, field
+
+__all__ = ["MAX_TRACKED_MISSING", "SequenceTracker", "Verdict"]
+
+#: How many missing sequence numbers per publisher are remembered to recognise late arrivals.
+MAX_TRACKED_MISSING = 4096
+
+
+class Verdict(enum.Enum):
+    """How a sample's sequence number relates to what came before from its publisher."""
+
+    IN_ORDER = "in_order"
+    #: In order, but one or more earlier sequence numbers were skipped.
+    GAP = "gap"
+    #: A sequence number that had been counted missing arrived late.
+    OUT_OF_ORDER = "out_of_order"
+    #: Seen before (or older than anything remembered): not delivered again.
+    DUPLICATE = "duplicate"
+
+
+@dataclass(slots=True)
+class _PublisherState:
+    last_seq: int
+    missing: set[int] = field(default_factory=set)
+
+
+@dataclass(slots=True)
+class SequenceTracker:
+    """Classifies sequence numbers per publisher and counts anomalies.
+
+    Attributes:
+        gaps: Number of gap events (a jump forward over at least one number).
+        missing: Sequence numbers skipped and not (yet) received.
+        out_of_order: Samples that arrived after a later one of the same publisher.
+        duplicates: Samples whose sequence number had already been received.
+    """
+
+    gaps: int = 0
+    missing: int = 0
+    out_of_order: int = 0
+    duplicates: int = 0
+    _pubs: dict[int, _PublisherState] = field(default_factory=dict)
+
+    def observe(self, publisher_id: int, seq: int) -> Verdict:
+        """Record one sample and return its verdict."""
+        st = self._pubs.get(publisher_id)
+        if st is None:
+            # First sample seen from this publisher: joining mid-stream is not a gap.
+            self._pubs[publisher_id] = _PublisherState(seq)
+            return Verdict.IN_ORDER
+        last = st.last_seq
+        if seq == last + 1:
+            st.last_seq = seq
+            return Verdict.IN_ORDER
+        if seq > last:
+            skipped = seq - last - 1
+            self.gaps += 1
+            self.missing += skipped
+            if skipped <= MAX_TRACKED_MISSING:
+                st.missing.update(range(last + 1, seq))
+                if len(st.missing) > MAX_TRACKED_MISSING:
+                    for old in sorted(st.missing)[: len(st.missing) - MAX_TRACKED_MISSING]:
+                        st.missing.discard(old)
+            st.last_seq = seq
+            return Verdict.GAP
+        if seq in st.missing:
+            st.missing.discard(seq)
+            self.missing -= 1
+            self.out_of_order += 1
+            return Verdict.OUT_OF_ORDER
+        self.duplicates += 1
+        return Verdict.DUPLICATE
+
+    @property
+    def publishers(self) -> int:
+        """Number of distinct publishers seen."""
+        return len(self._pubs)

@@ -1,0 +1,230 @@
+"""Run a real Apache Pulsar standalone broker for tests, benchmarks and demos.
+
+The distribution comes from Maven Central
+(``org.apache.pulsar:pulsar-server-distribution:<version>:tar.gz:bin``) through
+``mvn dependency:copy`` and is cached under ``$EMBODIED_BUS_CACHE`` (default
+``~/.cache/embodied_bus``), so a second run does not download again.
+
+Command line::
+
+    python -m embodied_bus.testing.pulsar fetch          # download and unpack only
+    python -m embodied_bus.testing.pulsar run            # start, print the URL, run until Ctrl-C
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import tarfile
+import tempfile
+import time
+import urllib.request
+from pathlib import Path
+
+from embodied_bus.testing.ports import free_ports
+
+__all__ = ["PULSAR_VERSION", "PulsarStandalone", "ensure_pulsar_distribution"]
+
+#: Apache Pulsar version used by tests (4.0 LTS: Key_Shared with PIP-379).
+PULSAR_VERSION = os.environ.get("EMBODIED_BUS_PULSAR_VERSION", "4.0.8")
+#: JVM memory for the standalone broker.
+PULSAR_MEM = "-Xms256m -Xmx1g -XX:MaxDirectMemorySize=1g"
+
+
+def cache_dir() -> Path:
+    """Where downloads are cached."""
+    return Path(os.environ.get("EMBODIED_BUS_CACHE", Path.home() / ".cache" / "embodied_bus"))
+
+
+def ensure_pulsar_distribution(version: str = PULSAR_VERSION) -> Path:
+    """Return the unpacked Pulsar home, downloading it with Maven on first use.
+
+    Raises:
+        RuntimeError: Maven is missing or the download failed; the message says what to do.
+    """
+    root = cache_dir() / "pulsar"
+    home = root / f"apache-pulsar-{version}"
+    if (home / "bin" / "pulsar").exists():
+        return home
+    root.mkdir(parents=True, exist_ok=True)
+    tgz = root / f"pulsar-server-distribution-{version}-bin.tar.gz"
+    if not tgz.exists():
+        mvn = shutil.which("mvn")
+        if mvn is None:
+            raise RuntimeError("Apache Maven (mvn) is needed to fetch Apache Pulsar; apt-get install maven")
+        artifact = f"org.apache.pulsar:pulsar-server-distribution:{version}:tar.gz:bin"
+        print(f"fetching Apache Pulsar {version} from Maven Central ...", file=sys.stderr, flush=True)
+        proc = subprocess.run(
+            [mvn, "-q", "-B", "dependency:copy", f"-Dartifact={artifact}",
+             f"-DoutputDirectory={root}"],
+            capture_output=True, text=True, cwd=root, check=False,
+        )
+        if proc.returncode != 0 or not tgz.exists():
+            raise RuntimeError(f"mvn dependency:copy {artifact} failed:\n{proc.stdout}\n{proc.stderr}")
+    with tempfile.TemporaryDirectory(dir=root) as tmp:
+        with tarfile.open(tgz) as tar:
+            tar.extractall(tmp, filter="tar")
+        (Path(tmp) / home.name).rename(home)
+    return home
+
+
+class PulsarStandalone:
+    """One Apache Pulsar standalone process on free loopback ports.
+
+    Args:
+        data_dir: Where metadata and ledgers live; kept across :meth:`restart`.
+        home: Pulsar home (default: :func:`ensure_pulsar_distribution`).
+        extra_conf: ``standalone.conf`` keys to override.
+    """
+
+    def __init__(self, data_dir: Path | None = None, *, home: Path | None = None,
+                 extra_conf: dict[str, str] | None = None) -> None:
+        self.home = home or ensure_pulsar_distribution()
+        self._own_dir = data_dir is None
+        self.data_dir = Path(data_dir or tempfile.mkdtemp(prefix="eb-pulsar-"))
+        self.broker_port, self.web_port, self.bk_port = free_ports(3)
+        self.extra_conf = dict(extra_conf or {})
+        self.proc: subprocess.Popen[bytes] | None = None
+
+    @property
+    def url(self) -> str:
+        """Broker service URL."""
+        return f"pulsar://127.0.0.1:{self.broker_port}"
+
+    @property
+    def web_url(self) -> str:
+        """Admin REST URL."""
+        return f"http://127.0.0.1:{self.web_port}"
+
+    def _write_conf(self) -> Path:
+        conf = {
+            "brokerServicePort": str(self.broker_port),
+            "webServicePort": str(self.web_port),
+            "advertisedAddress": "127.0.0.1",
+            "bindAddress": "127.0.0.1",
+            "brokerDeduplicationEnabled": "false",
+            **self.extra_conf,
+        }
+        lines = []
+        seen = set()
+        for line in (self.home / "conf" / "standalone.conf").read_text().splitlines():
+            key = line.split("=", 1)[0].strip()
+            if not line.startswith("#") and key in conf:
+                lines.append(f"{key}={conf[key]}")
+                seen.add(key)
+            else:
+                lines.append(line)
+        lines.extend(f"{k}={v}" for k, v in conf.items() if k not in seen)
+        path = self.data_dir / "standalone.conf"
+        path.write_text("\n".join(lines) + "\n")
+        return path
+
+    def start(self, timeout_s: float = 180.0) -> None:
+        """Start the broker and wait until it serves lookups.
+
+        Raises:
+            RuntimeError: It did not become ready in time; the end of its log is included.
+        """
+        self.data_dir.mkdir(parents=True, exist_ok=True)
+        conf = self._write_conf()
+        env = {**os.environ, "PULSAR_MEM": PULSAR_MEM, "PULSAR_LOG_DIR": str(self.data_dir / "logs"),
+               "PULSAR_GC_LOG": "-Xlog:disable"}
+        self.log_path = self.data_dir / "standalone.out"
+        log = open(self.log_path, "ab")  # noqa: SIM115 - kept open for the child's lifetime
+        self.proc = subprocess.Popen(
+            [str(self.home / "bin" / "pulsar"), "standalone", "-nfw", "-nss", "-c", str(conf),
+             "--bookkeeper-port", str(self.bk_port),
+             "--metadata-dir", str(self.data_dir / "metadata"),
+             "--bookkeeper-dir", str(self.data_dir / "bookkeeper")],
+            stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True,
+        )
+        log.close()
+        self.wait_ready(timeout_s)
+
+    def wait_ready(self, timeout_s: float) -> None:
+        """Poll the admin API until the broker and the public/default namespace answer."""
+        deadline = time.monotonic() + timeout_s
+        checks = ["/admin/v2/brokers/health", "/admin/v2/namespaces/public/default"]
+        while time.monotonic() < deadline:
+            if self.proc is not None and self.proc.poll() is not None:
+                raise RuntimeError(f"Pulsar standalone exited with {self.proc.returncode}:\n{self.tail()}")
+            try:
+                for path in checks:
+                    with urllib.request.urlopen(self.web_url + path, timeout=2) as resp:
+                        resp.read()
+                return
+            except OSError:
+                time.sleep(0.5)
+        raise RuntimeError(f"Pulsar standalone not ready after {timeout_s:g} s:\n{self.tail()}")
+
+    def tail(self, lines: int = 40) -> str:
+        """The end of the broker's console log."""
+        try:
+            return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-lines:])
+        except (OSError, AttributeError):
+            return "(no log)"
+
+    def kill(self) -> None:
+        """SIGKILL the broker (a crash, not a clean shutdown)."""
+        if self.proc is not None and self.proc.poll() is None:
+            os.killpg(self.proc.pid, signal.SIGKILL)
+            self.proc.wait(30)
+        self.proc = None
+
+    def stop(self) -> None:
+        """Stop the broker (SIGTERM, then SIGKILL after 20 s)."""
+        if self.proc is not None and self.proc.poll() is None:
+            os.killpg(self.proc.pid, signal.SIGTERM)
+            try:
+                self.proc.wait(20)
+            except subprocess.TimeoutExpired:
+                os.killpg(self.proc.pid, signal.SIGKILL)
+                self.proc.wait(10)
+        self.proc = None
+
+    def restart(self, *, crash: bool = True, timeout_s: float = 180.0) -> None:
+        """Kill (or stop) and start again on the same ports and data."""
+        if crash:
+            self.kill()
+        else:
+            self.stop()
+        self.start(timeout_s)
+
+    def cleanup(self) -> None:
+        """Stop and remove the data directory if it was created here."""
+        self.stop()
+        if self._own_dir:
+            shutil.rmtree(self.data_dir, ignore_errors=True)
+
+    def __enter__(self) -> PulsarStandalone:
+        self.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.cleanup()
+
+
+def main(argv: list[str] | None = None) -> int:
+    """``python -m embodied_bus.testing.pulsar fetch|run``."""
+    parser = argparse.ArgumentParser(prog="python -m embodied_bus.testing.pulsar")
+    parser.add_argument("command", choices=["fetch", "run"])
+    args = parser.parse_args(argv)
+    home = ensure_pulsar_distribution()
+    if args.command == "fetch":
+        print(home)
+        return 0
+    with PulsarStandalone(home=home) as broker:
+        print(broker.url, flush=True)
+        try:
+            signal.pause()
+        except KeyboardInterrupt:
+            pass
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,58 @@
+"""ament_python package that is also pip-installable (``pip install -e .``)."""
+
+import re
+from glob import glob
+from pathlib import Path
+
+from setuptools import find_packages, setup
+
+package_name = "embodied_bus"
+version = re.search(
+    r'^__version__ = "([^"]+)"', Path("embodied_bus/__init__.py").read_text(), re.M
+).group(1)
+
+setup(
+    name=package_name,
+    version=version,
+    description="Robot middleware: ordered, time-bucketed sensor streams over Zenoh and Apache Pulsar",
+    long_description=Path("README.md").read_text(encoding="utf-8"),
+    long_description_content_type="text/markdown",
+    license="Apache-2.0",
+    python_requires=">=3.10",
+    packages=find_packages(exclude=["test", "test.*", "bench", "bench.*"]),
+    package_data={package_name: ["py.typed"]},
+    data_files=[
+        ("share/ament_index/resource_index/packages", ["resource/" + package_name]),
+        ("share/" + package_name, ["package.xml"]),
+        ("share/" + package_name + "/launch", glob("launch/*.launch.py")),
+        ("share/" + package_name + "/config", glob("config/*.yaml")),
+    ],
+    install_requires=[
+        "eclipse-zenoh>=1.10,<2",
+        "numpy>=1.24",
+        "pyyaml>=6",
+    ],
+    extras_require={
+        "pulsar": ["pulsar-client>=3.5,<4"],
+        "test": [
+            "pulsar-client>=3.5,<4",
+            "pytest>=8",
+            "pytest-asyncio>=0.23",
+            "pytest-timeout>=2.3",
+            "hypothesis>=6.100",
+            "catkin-pkg>=1.0",
+            "ruff>=0.6",
+            "mypy>=1.10",
+            "types-PyYAML",
+        ],
+    },
+    zip_safe=True,
+    maintainer="embodied_bus developers",
+    maintainer_email="dev@embodied-bus.invalid",
+    tests_require=["pytest"],
+    entry_points={
+        "console_scripts": [
+            "embodied-bus = embodied_bus.cli.main:main",
+        ],
+    },
+)
