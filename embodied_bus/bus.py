@@ -120,9 +120,7 @@ class _BusOpener:
         self._bus: Bus | None = None
 
     async def _open(self) -> Bus:
-        settings = parse_bus_url(
-            self._url, namespace=self._namespace, connect_timeout_s=self._timeout
-        )
+        settings = parse_bus_url(self._url, namespace=self._namespace, connect_timeout_s=self._timeout)
         engine = await open_engine(settings)
         return Bus(self._url, settings, engine)
 

@@ -81,13 +81,12 @@ class SyncSubscription:
 class SyncBus:
     """Blocking facade of :class:`~embodied_bus.Bus`: ``with SyncBus("zenoh:") as bus: ...``."""
 
-    def __init__(self, url: str = DEFAULT_URL, *, namespace: str | None = None,
-                 connect_timeout_s: float | None = None) -> None:
+    def __init__(
+        self, url: str = DEFAULT_URL, *, namespace: str | None = None, connect_timeout_s: float | None = None
+    ) -> None:
         self._runner = _LoopThread()
         try:
-            self.inner: Bus = self._runner.run(
-                _open(url, namespace, connect_timeout_s)
-            )
+            self.inner: Bus = self._runner.run(_open(url, namespace, connect_timeout_s))
         except BaseException:
             self._runner.stop()
             raise

@@ -8,7 +8,8 @@ hands the result to a :class:`MessageSink`, from its own threads.
 from __future__ import annotations
 
 import abc
-from typing import Callable, Protocol
+from collections.abc import Callable
+from typing import Protocol
 
 from embodied_bus.model.qos import PublisherOptions, SubscriptionOptions
 from embodied_bus.model.wire import Header
@@ -46,6 +47,14 @@ class EnginePublisher(abc.ABC):
             PublishError: The engine refused it.
             PayloadTooLargeError: Over the engine limit.
         """
+
+    def has_subscribers(self) -> bool:
+        """Whether a subscriber that would receive the next sample is known to exist.
+
+        Engines with durable subscriptions (Pulsar) always return True: once ``subscribe``
+        returned, the broker keeps samples for that subscription.
+        """
+        return True
 
     @abc.abstractmethod
     async def flush(self) -> None:

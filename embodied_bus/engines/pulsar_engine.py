@@ -230,7 +230,7 @@ class PulsarEngine(Engine):
             BusConnectionError: The broker did not answer within ``connect_timeout_s``.
         """
         kwargs: dict[str, Any] = {
-            "operation_timeout_seconds": max(1, int(round(settings.connect_timeout_s))),
+            "operation_timeout_seconds": max(1, round(settings.connect_timeout_s)),
             "connection_timeout_ms": int(settings.connect_timeout_s * 1000),
             "logger": _client_logger,
         }

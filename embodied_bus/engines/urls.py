@@ -51,9 +51,7 @@ _ZENOH_MODES = ("peer", "client", "router")
 def validate_namespace(namespace: str) -> str:
     """Return ``namespace`` if valid (letters, digits, ``_``, ``-``), else raise BusConfigError."""
     if not isinstance(namespace, str) or not _NS_RE.match(namespace):
-        raise BusConfigError(
-            f"invalid namespace {namespace!r}: use letters, digits, '_' or '-' only"
-        )
+        raise BusConfigError(f"invalid namespace {namespace!r}: use letters, digits, '_' or '-' only")
     return namespace
 
 

@@ -91,9 +91,7 @@ class _ZenohPublisher(EnginePublisher):
     def _shm_buffer(self, payload: bytes | bytearray) -> Any:
         if self._shm is None:
             self._shm = zenoh.shm.ShmProvider.default_backend(max(SHM_POOL_BYTES, 2 * len(payload)))
-        buf = self._shm.alloc(
-            len(payload), policy=zenoh.shm.BlockOn(zenoh.shm.GarbageCollect())
-        )
+        buf = self._shm.alloc(len(payload), policy=zenoh.shm.BlockOn(zenoh.shm.GarbageCollect()))
         buf[0 : len(payload)] = payload
         return buf
 
@@ -110,6 +108,10 @@ class _ZenohPublisher(EnginePublisher):
             raise PublishError(f"zenoh put on {header.stream!r} failed: {err}") from err
         return True
 
+    def has_subscribers(self) -> bool:
+        status = self._pub.matching_status
+        return bool(getattr(status, "matching", status))
+
     async def flush(self) -> None:
         return None
 
@@ -117,7 +119,7 @@ class _ZenohPublisher(EnginePublisher):
         if not self._closed:
             self._closed = True
             try:
-                self._pub.undeclare()
+                self._pub.undeclare()  # type: ignore[no-untyped-call]
             except zenoh.ZError:
                 pass
 
@@ -146,7 +148,7 @@ class _ZenohSubscriber(EngineSubscriber):
         if not self._closed:
             self._closed = True
             try:
-                self._sub.undeclare()
+                self._sub.undeclare()  # type: ignore[no-untyped-call]
             except zenoh.ZError:
                 pass
 

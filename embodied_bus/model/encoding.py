@@ -3,7 +3,7 @@
 The encoding string travels in the header. Known forms:
 
 * ``raw`` — opaque bytes.
-* ``npy`` — a NumPy ``.npy`` blob (format 1.0–3.0); decoded as a zero-copy view.
+* ``npy`` — a NumPy ``.npy`` blob (format 1.0 to 3.0); decoded as a zero-copy view.
 * ``cdr:<ros type>`` — ROS 2 CDR, e.g. ``cdr:sensor_msgs/msg/PointCloud2``.
 * ``jpeg``, ``png`` — compressed images.
 * ``json`` — UTF-8 JSON.

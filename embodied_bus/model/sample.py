@@ -7,9 +7,9 @@ from typing import Any
 
 import numpy as np
 
+from embodied_bus.errors import EncodingError
 from embodied_bus.model.encoding import ENCODING_NPY, decode_npy
 from embodied_bus.model.wire import Header, Modality
-from embodied_bus.errors import EncodingError
 
 __all__ = ["Payload", "Sample"]
 
@@ -70,7 +70,5 @@ class Sample:
             EncodingError: The encoding is not ``npy`` or the blob is malformed.
         """
         if self.header.encoding != ENCODING_NPY:
-            raise EncodingError(
-                f"stream {self.header.stream!r} carries {self.header.encoding!r}, not npy"
-            )
+            raise EncodingError(f"stream {self.header.stream!r} carries {self.header.encoding!r}, not npy")
         return decode_npy(self.payload)

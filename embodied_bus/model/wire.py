@@ -13,8 +13,8 @@ from __future__ import annotations
 import enum
 import re
 import struct
+from collections.abc import Mapping
 from dataclasses import dataclass, replace
-from typing import Mapping
 
 from embodied_bus.errors import HeaderError
 
@@ -130,8 +130,7 @@ def validate_stream_name(stream: str) -> str:
     """Return ``stream`` if it is a valid stream name, else raise :class:`HeaderError`."""
     if not isinstance(stream, str) or not _STREAM_RE.match(stream):
         raise HeaderError(
-            f"invalid stream name {stream!r}: use segments of letters, digits, '_' or '-' "
-            "separated by '/'"
+            f"invalid stream name {stream!r}: use segments of letters, digits, '_' or '-' separated by '/'"
         )
     if len(stream.encode()) > MAX_NAME_BYTES:
         raise HeaderError(f"stream name longer than {MAX_NAME_BYTES} bytes")
@@ -180,16 +179,28 @@ def decode_header(data: bytes) -> Header:
     n = HEADER_STRUCT.size
     if len(data) < n:
         raise HeaderError(f"header too short: {len(data)} bytes, need at least {n}")
-    (magic, version, flags, modality, seq, stamp_ns, bucket, width_ns, offset_ns, pub_id,
-     publish_ns, ls, le, lf) = HEADER_STRUCT.unpack_from(data)
+    (
+        magic,
+        version,
+        flags,
+        modality,
+        seq,
+        stamp_ns,
+        bucket,
+        width_ns,
+        offset_ns,
+        pub_id,
+        publish_ns,
+        ls,
+        le,
+        lf,
+    ) = HEADER_STRUCT.unpack_from(data)
     if magic != WIRE_MAGIC:
         raise HeaderError(f"bad header magic {magic!r}, expected {WIRE_MAGIC!r}")
     if version != WIRE_VERSION:
         raise HeaderError(f"unsupported header version {version}, this build reads {WIRE_VERSION}")
     if len(data) != n + ls + le + lf:
-        raise HeaderError(
-            f"header length mismatch: {len(data)} bytes, fields say {n + ls + le + lf}"
-        )
+        raise HeaderError(f"header length mismatch: {len(data)} bytes, fields say {n + ls + le + lf}")
     mod = _MODALITIES.get(modality)
     if mod is None:
         raise HeaderError(f"unknown modality number {modality}")
@@ -203,13 +214,37 @@ def decode_header(data: bytes) -> Header:
         frame_id = data[n + ls + le :].decode()
     except UnicodeDecodeError as err:
         raise HeaderError(f"header string is not UTF-8: {err}") from err
-    return Header(stream, mod, seq, stamp_ns, bucket, width_ns, offset_ns, encoding, frame_id,
-                  pub_id, publish_ns, HeaderFlags(flags))
+    return Header(
+        stream,
+        mod,
+        seq,
+        stamp_ns,
+        bucket,
+        width_ns,
+        offset_ns,
+        encoding,
+        frame_id,
+        pub_id,
+        publish_ns,
+        HeaderFlags(flags),
+    )
 
 
-_PROP_KEYS = ("eb.v", "eb.stream", "eb.modality", "eb.seq", "eb.stamp_ns", "eb.bucket",
-              "eb.width_ns", "eb.offset_ns", "eb.encoding", "eb.frame_id", "eb.pub", "eb.pub_ns",
-              "eb.flags")
+_PROP_KEYS = (
+    "eb.v",
+    "eb.stream",
+    "eb.modality",
+    "eb.seq",
+    "eb.stamp_ns",
+    "eb.bucket",
+    "eb.width_ns",
+    "eb.offset_ns",
+    "eb.encoding",
+    "eb.frame_id",
+    "eb.pub",
+    "eb.pub_ns",
+    "eb.flags",
+)
 
 
 def encode_properties(h: Header) -> dict[str, str]:
@@ -241,9 +276,7 @@ def decode_properties(props: Mapping[str, str]) -> Header:
     if missing:
         raise HeaderError(f"message properties lack {', '.join(missing)}")
     if props["eb.v"] != str(WIRE_VERSION):
-        raise HeaderError(
-            f"unsupported header version {props['eb.v']!r}, this build reads {WIRE_VERSION}"
-        )
+        raise HeaderError(f"unsupported header version {props['eb.v']!r}, this build reads {WIRE_VERSION}")
     key = ""
     try:
         key = "eb.seq"
@@ -268,6 +301,17 @@ def decode_properties(props: Mapping[str, str]) -> Header:
         raise HeaderError(f"property eb.seq must be >= 1, got {seq}")
     if width_ns <= 0:
         raise HeaderError(f"property eb.width_ns must be positive, got {width_ns}")
-    return Header(props["eb.stream"], Modality.parse(props["eb.modality"]), seq, stamp_ns, bucket,
-                  width_ns, offset_ns, props["eb.encoding"], props["eb.frame_id"], pub, pub_ns,
-                  flags)
+    return Header(
+        props["eb.stream"],
+        Modality.parse(props["eb.modality"]),
+        seq,
+        stamp_ns,
+        bucket,
+        width_ns,
+        offset_ns,
+        props["eb.encoding"],
+        props["eb.frame_id"],
+        pub,
+        pub_ns,
+        flags,
+    )

@@ -14,6 +14,7 @@ __all__ = ["BoundedBuffer"]
 
 T = TypeVar("T")
 
+
 def _wake(fut: asyncio.Future[None]) -> None:
     if not fut.done():
         fut.set_result(None)

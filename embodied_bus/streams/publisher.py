@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import random
 import time
 from typing import Any
@@ -106,8 +107,7 @@ class Publisher:
                 f"{self._limit} bytes"
                 + (
                     " (Pulsar without chunking; enable PublisherOptions(chunking=True))"
-                    if self._pub.max_payload_bytes is not None
-                    and self._limit == self._pub.max_payload_bytes
+                    if self._pub.max_payload_bytes is not None and self._limit == self._pub.max_payload_bytes
                     else " (PublisherOptions.max_payload_bytes)"
                 )
             )
@@ -154,6 +154,19 @@ class Publisher:
     async def publish_array(self, array: np.ndarray[Any, Any], *, stamp_ns: int) -> Header:
         """Publish a NumPy array as an ``npy`` blob (one copy into the message)."""
         return self.publish_nowait(array, stamp_ns=stamp_ns, encoding=ENCODING_NPY)
+
+    async def wait_for_subscribers(self, timeout_s: float = 5.0) -> bool:
+        """Wait until a subscriber matches this stream (Zenoh discovery takes a moment).
+
+        Returns:
+            True if one matched within ``timeout_s`` seconds, else False.
+        """
+        deadline = time.monotonic() + timeout_s
+        while not self._pub.has_subscribers():
+            if time.monotonic() >= deadline:
+                return False
+            await asyncio.sleep(0.005)
+        return True
 
     async def flush(self) -> None:
         """Wait until the engine accepted every sample published so far (Pulsar: persisted)."""

@@ -5,8 +5,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import AsyncIterator
-from typing import Callable
+from collections.abc import AsyncIterator, Callable
 
 from embodied_bus.engines.base import AckFn, EngineSubscriber
 from embodied_bus.errors import BusClosedError
@@ -36,9 +35,7 @@ class Subscription:
     ) -> None:
         self.stream = stream
         self.options = options
-        self._buffer: BoundedBuffer[_Item] = BoundedBuffer(
-            options.capacity, options.backpressure, loop
-        )
+        self._buffer: BoundedBuffer[_Item] = BoundedBuffer(options.capacity, options.backpressure, loop)
         #: Per-stream statistics, keyed by stream name.
         self.stats: dict[str, StreamStats] = {}
         #: Messages rejected because their header was malformed.
@@ -64,9 +61,7 @@ class Subscription:
             if ack is not None:
                 ack()
             return
-        dropped = self._buffer.put(
-            (Sample(header, payload, now, verdict is Verdict.OUT_OF_ORDER), ack)
-        )
+        dropped = self._buffer.put((Sample(header, payload, now, verdict is Verdict.OUT_OF_ORDER), ack))
         if dropped is not None:
             sample, dropped_ack = dropped
             self.stats[sample.header.stream].dropped += 1
@@ -124,8 +119,10 @@ class Subscription:
 
     def counters(self) -> dict[str, int]:
         """Totals over all streams: received, delivered, gaps, missing, ... (for tests and CLI)."""
-        out = {k: 0 for k in ("received", "delivered", "gaps", "missing", "out_of_order",
-                              "duplicates", "dropped")}
+        out = {
+            k: 0
+            for k in ("received", "delivered", "gaps", "missing", "out_of_order", "duplicates", "dropped")
+        }
         for st in list(self.stats.values()):
             out["received"] += st.received
             out["delivered"] += st.delivered

@@ -59,9 +59,11 @@ def ensure_pulsar_distribution(version: str = PULSAR_VERSION) -> Path:
         artifact = f"org.apache.pulsar:pulsar-server-distribution:{version}:tar.gz:bin"
         print(f"fetching Apache Pulsar {version} from Maven Central ...", file=sys.stderr, flush=True)
         proc = subprocess.run(
-            [mvn, "-q", "-B", "dependency:copy", f"-Dartifact={artifact}",
-             f"-DoutputDirectory={root}"],
-            capture_output=True, text=True, cwd=root, check=False,
+            [mvn, "-q", "-B", "dependency:copy", f"-Dartifact={artifact}", f"-DoutputDirectory={root}"],
+            capture_output=True,
+            text=True,
+            cwd=root,
+            check=False,
         )
         if proc.returncode != 0 or not tgz.exists():
             raise RuntimeError(f"mvn dependency:copy {artifact} failed:\n{proc.stdout}\n{proc.stderr}")
@@ -81,8 +83,13 @@ class PulsarStandalone:
         extra_conf: ``standalone.conf`` keys to override.
     """
 
-    def __init__(self, data_dir: Path | None = None, *, home: Path | None = None,
-                 extra_conf: dict[str, str] | None = None) -> None:
+    def __init__(
+        self,
+        data_dir: Path | None = None,
+        *,
+        home: Path | None = None,
+        extra_conf: dict[str, str] | None = None,
+    ) -> None:
         self.home = home or ensure_pulsar_distribution()
         self._own_dir = data_dir is None
         self.data_dir = Path(data_dir or tempfile.mkdtemp(prefix="eb-pulsar-"))
@@ -131,16 +138,33 @@ class PulsarStandalone:
         """
         self.data_dir.mkdir(parents=True, exist_ok=True)
         conf = self._write_conf()
-        env = {**os.environ, "PULSAR_MEM": PULSAR_MEM, "PULSAR_LOG_DIR": str(self.data_dir / "logs"),
-               "PULSAR_GC_LOG": "-Xlog:disable"}
+        env = {
+            **os.environ,
+            "PULSAR_MEM": PULSAR_MEM,
+            "PULSAR_LOG_DIR": str(self.data_dir / "logs"),
+            "PULSAR_GC_LOG": "-Xlog:disable",
+        }
         self.log_path = self.data_dir / "standalone.out"
         log = open(self.log_path, "ab")  # noqa: SIM115 - kept open for the child's lifetime
         self.proc = subprocess.Popen(
-            [str(self.home / "bin" / "pulsar"), "standalone", "-nfw", "-nss", "-c", str(conf),
-             "--bookkeeper-port", str(self.bk_port),
-             "--metadata-dir", str(self.data_dir / "metadata"),
-             "--bookkeeper-dir", str(self.data_dir / "bookkeeper")],
-            stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True,
+            [
+                str(self.home / "bin" / "pulsar"),
+                "standalone",
+                "-nfw",
+                "-nss",
+                "-c",
+                str(conf),
+                "--bookkeeper-port",
+                str(self.bk_port),
+                "--metadata-dir",
+                str(self.data_dir / "metadata"),
+                "--bookkeeper-dir",
+                str(self.data_dir / "bookkeeper"),
+            ],
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            env=env,
+            start_new_session=True,
         )
         log.close()
         self.wait_ready(timeout_s)

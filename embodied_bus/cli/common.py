@@ -1,0 +1,49 @@
+"""Options and helpers shared by the subcommands."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import os
+import signal
+from collections.abc import Iterable
+from typing import Any
+
+from embodied_bus.engines.urls import DEFAULT_URL
+
+__all__ = ["add_bus_args", "fmt_table", "install_stop_signals"]
+
+
+def add_bus_args(parser: argparse.ArgumentParser) -> None:
+    """``--bus`` and ``--ns``."""
+    parser.add_argument(
+        "--bus",
+        default=os.environ.get("EMBODIED_BUS_URL", DEFAULT_URL),
+        help="bus URL: zenoh: (embedded peer), zenoh://HOST:PORT (router), pulsar://HOST:PORT "
+        "(default: $EMBODIED_BUS_URL or %(default)s)",
+    )
+    parser.add_argument(
+        "--ns",
+        default=os.environ.get("EMBODIED_BUS_NAMESPACE"),
+        help="robot namespace (default: ns= in the URL, else 'default')",
+    )
+
+
+def install_stop_signals(stop: asyncio.Event) -> None:
+    """Set ``stop`` on SIGINT/SIGTERM for a clean shutdown."""
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        try:
+            loop.add_signal_handler(sig, stop.set)
+        except (NotImplementedError, RuntimeError):
+            pass
+
+
+def fmt_table(rows: Iterable[dict[str, Any]], columns: list[str]) -> str:
+    """Render dict rows as an aligned text table."""
+    rows = list(rows)
+    cells = [[("-" if r.get(c) is None else str(r.get(c))) for c in columns] for r in rows]
+    widths = [max([len(c)] + [len(row[i]) for row in cells]) for i, c in enumerate(columns)]
+    lines = ["  ".join(c.ljust(w) for c, w in zip(columns, widths, strict=False))]
+    lines += ["  ".join(v.ljust(w) for v, w in zip(row, widths, strict=False)) for row in cells]
+    return "\n".join(lines)

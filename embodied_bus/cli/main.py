@@ -1,0 +1,52 @@
+"""Entry point of ``embodied-bus``."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import logging
+import sys
+
+from embodied_bus import __version__
+from embodied_bus.cli import demo, echo, pub, router, streams
+from embodied_bus.errors import EmbodiedBusError
+
+__all__ = ["build_parser", "main"]
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The argument parser with every subcommand."""
+    parser = argparse.ArgumentParser(
+        prog="embodied-bus",
+        description="Robot middleware: sensor streams over Zenoh (embedded) and Apache Pulsar.",
+    )
+    parser.add_argument("--version", action="version", version=f"embodied-bus {__version__}")
+    parser.add_argument("-v", "--verbose", action="store_true", help="debug logging")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+    for module in (demo, pub, echo, streams, router):
+        module.add_parser(sub)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Run the command line; returns the process exit status."""
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    logging.basicConfig(
+        level=logging.DEBUG if args.verbose else logging.WARNING,
+        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+    )
+    if not getattr(args, "func", None):
+        parser.print_help()
+        return 2
+    try:
+        return int(asyncio.run(args.func(args)) or 0)
+    except EmbodiedBusError as err:
+        print(f"embodied-bus {args.command}: error: {err}", file=sys.stderr)
+        return 1
+    except KeyboardInterrupt:
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

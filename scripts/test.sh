@@ -1,0 +1,11 @@
+#!/usr/bin/env bash
+# The whole test suite from a fresh clone: set up, lint, type-check, then pytest against real
+# engines (Zenoh on loopback; Apache Pulsar standalone fetched from Maven Central, cached under
+# ~/.cache/embodied_bus and started by the test session). Extra arguments go to pytest.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+scripts/setup.sh pulsar,test
+.venv/bin/python -m embodied_bus.testing.pulsar fetch >/dev/null
+.venv/bin/ruff check embodied_bus test bench
+.venv/bin/mypy embodied_bus
+exec .venv/bin/python -m pytest "$@"

@@ -1,0 +1,89 @@
+"""Shared fixtures: real Zenoh sessions on free loopback ports and a real Apache Pulsar standalone.
+
+Set ``EMBODIED_BUS_PULSAR_URL`` to use an already running broker instead of starting one.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import time
+import uuid
+from collections.abc import AsyncIterator, Callable, Iterator
+from dataclasses import dataclass
+
+import pytest
+
+from embodied_bus import Bus, open_bus
+from embodied_bus.testing import PulsarStandalone, free_port
+
+
+@pytest.fixture(scope="session")
+def pulsar_broker() -> Iterator[PulsarStandalone | None]:
+    """A real Apache Pulsar standalone for the whole session (started on first use)."""
+    if os.environ.get("EMBODIED_BUS_PULSAR_URL"):
+        yield None
+        return
+    broker = PulsarStandalone()
+    broker.start()
+    try:
+        yield broker
+    finally:
+        broker.cleanup()
+
+
+@pytest.fixture(scope="session")
+def pulsar_url(pulsar_broker: PulsarStandalone | None) -> str:
+    """Service URL of the Pulsar broker used by the tests."""
+    return os.environ.get("EMBODIED_BUS_PULSAR_URL") or pulsar_broker.url  # type: ignore[union-attr]
+
+
+@dataclass
+class BusPair:
+    """Two buses on separate engine sessions of the same namespace."""
+
+    engine: str
+    publisher_bus: Bus
+    subscriber_bus: Bus
+    namespace: str
+    url_pub: str
+    url_sub: str
+
+
+def zenoh_urls() -> tuple[str, str]:
+    """A listening peer and a peer connecting to it, on a free loopback port (scouting off)."""
+    port = free_port()
+    return f"zenoh:?listen=tcp/127.0.0.1:{port}", f"zenoh://127.0.0.1:{port}"
+
+
+@pytest.fixture(params=["zenoh", "pulsar"])
+def engine_name(request: pytest.FixtureRequest) -> str:
+    """Each contract test runs once per engine."""
+    return str(request.param)
+
+
+@pytest.fixture
+async def bus_pair(engine_name: str, request: pytest.FixtureRequest) -> AsyncIterator[BusPair]:
+    """Publisher and subscriber buses on the engine under test, in a fresh namespace."""
+    ns = "t" + uuid.uuid4().hex[:10]
+    if engine_name == "zenoh":
+        url_pub, url_sub = zenoh_urls()
+    else:
+        url = request.getfixturevalue("pulsar_url")
+        url_pub = url_sub = url
+    pub_bus = await open_bus(url_pub, namespace=ns)
+    sub_bus = await open_bus(url_sub, namespace=ns)
+    try:
+        yield BusPair(engine_name, pub_bus, sub_bus, ns, url_pub, url_sub)
+    finally:
+        await sub_bus.close()
+        await pub_bus.close()
+
+
+async def wait_until(predicate: Callable[[], bool], timeout_s: float = 10.0, what: str = "") -> None:
+    """Poll ``predicate`` until it holds; fail the test with ``what`` after ``timeout_s``."""
+    deadline = time.monotonic() + timeout_s
+    while not predicate():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout_s:g} s waiting for {what or predicate}")
+        await asyncio.sleep(0.01)

@@ -1,0 +1,161 @@
+"""Pure logic: wire header, bucket clock, npy encoding (no engine involved)."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+import numpy as np
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from embodied_bus import BusConfigError, EncodingError, HeaderError
+from embodied_bus.model import (
+    BucketClock,
+    Header,
+    HeaderFlags,
+    Modality,
+    decode_header,
+    decode_npy,
+    decode_properties,
+    encode_header,
+    encode_npy,
+    encode_properties,
+    validate_stream_name,
+)
+
+BASE = Header(
+    stream="lidar/front",
+    modality=Modality.LIDAR,
+    seq=1,
+    stamp_ns=1_700_000_000_123_456_789,
+    bucket=17_000_000_001,
+    bucket_width_ns=100_000_000,
+    bucket_offset_ns=0,
+    encoding="cdr:sensor_msgs/msg/PointCloud2",
+    frame_id="lidar_front",
+    publisher_id=0xDEADBEEF01234567,
+    publish_ns=1_700_000_000_200_000_000,
+)
+
+
+@pytest.mark.parametrize("modality", list(Modality))
+@pytest.mark.parametrize("flags", [HeaderFlags.NONE, HeaderFlags.STAMP_FALLBACK, HeaderFlags.SHM])
+def test_header_round_trips_through_binary_and_properties(modality: Modality, flags: HeaderFlags) -> None:
+    h = replace(BASE, modality=modality, flags=flags)
+    assert decode_header(encode_header(h)) == h
+    assert decode_properties(encode_properties(h)) == h
+
+
+@given(
+    stream=st.from_regex(r"[A-Za-z0-9_\-]{1,12}(/[A-Za-z0-9_\-]{1,12}){0,3}", fullmatch=True),
+    seq=st.integers(1, 2**64 - 1),
+    stamp=st.integers(-(2**62), 2**62),
+    width=st.integers(1, 2**40),
+    frame=st.text(max_size=40),
+    enc=st.text(max_size=40),
+)
+def test_any_valid_header_round_trips(stream: str, seq: int, stamp: int, width: int, frame: str, enc: str) -> None:
+    clock = BucketClock(width_ns=width)
+    h = replace(
+        BASE,
+        stream=stream,
+        seq=seq,
+        stamp_ns=stamp,
+        bucket=clock.bucket_of(stamp),
+        bucket_width_ns=width,
+        frame_id=frame,
+        encoding=enc,
+    )
+    assert decode_header(encode_header(h)) == h
+    assert decode_properties(encode_properties(h)) == h
+
+
+@pytest.mark.parametrize(
+    ("mutate", "message"),
+    [
+        (lambda b: b[:10], "too short"),
+        (lambda b: b"XX" + b[2:], "magic"),
+        (lambda b: b[:2] + b"\x09" + b[3:], "version 9"),
+        (lambda b: b + b"extra", "length mismatch"),
+        (lambda b: b[:4] + b"\xc8" + b[5:], "modality"),
+    ],
+    ids=["short", "magic", "version", "length", "modality"],
+)
+def test_malformed_binary_headers_are_rejected_with_the_reason(mutate, message: str) -> None:  # type: ignore[no-untyped-def]
+    with pytest.raises(HeaderError, match=message):
+        decode_header(mutate(encode_header(BASE)))
+
+
+def test_a_header_with_sequence_zero_is_rejected() -> None:
+    with pytest.raises(HeaderError, match="sequence number 0"):
+        decode_header(encode_header(replace(BASE, seq=0)))
+
+
+def test_properties_missing_or_malformed_name_the_key() -> None:
+    props = encode_properties(BASE)
+    del props["eb.stamp_ns"]
+    with pytest.raises(HeaderError, match=r"eb\.stamp_ns"):
+        decode_properties(props)
+    props = encode_properties(BASE)
+    props["eb.bucket"] = "soon"
+    with pytest.raises(HeaderError, match=r"eb\.bucket"):
+        decode_properties(props)
+
+
+@pytest.mark.parametrize("name", ["", "/lidar", "lidar/", "li dar", "a//b", "a.b", "ü"])
+def test_invalid_stream_names_are_refused(name: str) -> None:
+    with pytest.raises(HeaderError, match="invalid stream name"):
+        validate_stream_name(name)
+
+
+def test_bucket_clock_floors_with_phase_offset() -> None:
+    c = BucketClock(width_ns=100, offset_ns=30)
+    assert [c.bucket_of(s) for s in (29, 30, 129, 130, -71, -70)] == [-1, 0, 0, 1, -2, -1]
+    assert c.start_ns(1) == 130 and c.end_ns(1) == 230
+
+
+@pytest.mark.parametrize(("width", "offset"), [(0, 0), (-5, 0), (100, 100), (100, -1)])
+def test_bucket_clock_rejects_bad_width_or_offset(width: int, offset: int) -> None:
+    with pytest.raises(BusConfigError):
+        BucketClock(width_ns=width, offset_ns=offset)
+
+
+@pytest.mark.parametrize(
+    "array",
+    [
+        np.arange(12, dtype=np.float32).reshape(3, 4),
+        np.asfortranarray(np.arange(12, dtype=np.int16).reshape(3, 4)),
+        np.zeros(5, dtype=[("x", "<f4"), ("y", "<f4"), ("z", "<f4"), ("ring", "<u2")]),
+        np.arange(10, dtype=">u4"),
+        np.zeros((0, 3)),
+        np.arange(20)[::2],
+    ],
+    ids=["f32", "fortran", "structured", "big-endian", "empty", "strided"],
+)
+def test_npy_round_trip_is_a_zero_copy_view(array: np.ndarray) -> None:  # type: ignore[type-arg]
+    blob = bytes(encode_npy(array))
+    out = decode_npy(blob)
+    assert out.dtype == array.dtype and out.shape == array.shape
+    assert np.array_equal(out, array)
+    assert np.shares_memory(out, np.frombuffer(blob, np.uint8)) or out.size == 0
+    assert np.array_equal(np.load(__import__("io").BytesIO(blob)), array)  # numpy reads it too
+
+
+@pytest.mark.parametrize(
+    ("blob", "message"),
+    [
+        (b"not npy", "magic"),
+        (b"\x93NUMPY\x09\x00" + b"\x00" * 10, "version"),
+        (b"\x93NUMPY\x01\x00\xff\x00{", "past the end"),
+    ],
+)
+def test_broken_npy_payloads_raise_encoding_errors(blob: bytes, message: str) -> None:
+    with pytest.raises(EncodingError, match=message):
+        decode_npy(blob)
+
+
+def test_npy_with_a_truncated_body_names_the_size_mismatch() -> None:
+    blob = bytes(encode_npy(np.arange(100, dtype=np.float64)))[:-8]
+    with pytest.raises(EncodingError, match="size mismatch"):
+        decode_npy(blob)

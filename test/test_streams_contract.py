@@ -1,0 +1,273 @@
+"""Contract suite: every test runs against a real Zenoh session pair and a real Apache Pulsar."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import time
+
+import numpy as np
+import pytest
+
+from embodied_bus import (
+    Backpressure,
+    BusConnectionError,
+    HeaderFlags,
+    Modality,
+    PayloadTooLargeError,
+    PublisherOptions,
+    SubscriptionOptions,
+    open_bus,
+)
+from embodied_bus.model import Header
+from embodied_bus.testing import free_port
+
+from conftest import BusPair, wait_until
+
+BLOCK = PublisherOptions(backpressure=Backpressure.BLOCK)
+
+
+async def _ready(pub, pair: BusPair) -> None:  # type: ignore[no-untyped-def]
+    assert await pub.wait_for_subscribers(10.0), "subscriber never matched the publisher"
+
+
+async def test_samples_arrive_in_order_with_header_fields(bus_pair: BusPair) -> None:
+    sub = await bus_pair.subscriber_bus.subscribe(
+        "imu", options=SubscriptionOptions(capacity=1000, backpressure=Backpressure.BLOCK)
+    )
+    pub = await bus_pair.publisher_bus.publisher(
+        "imu", modality=Modality.IMU, encoding="raw", frame_id="imu_link", options=BLOCK
+    )
+    await _ready(pub, bus_pair)
+    t0 = 1_700_000_000_123_456_789
+    for i in range(300):
+        await pub.publish(i.to_bytes(4, "little"), stamp_ns=t0 + i * 5_000_000)
+    await pub.flush()
+    got = [await sub.recv(timeout_s=20) for _ in range(300)]
+    assert [s.seq for s in got] == list(range(1, 301))
+    assert [int.from_bytes(s.payload, "little") for s in got] == list(range(300))
+    first = got[0]
+    assert first.stream == "imu" and first.modality is Modality.IMU
+    assert first.header.frame_id == "imu_link" and first.header.encoding == "raw"
+    assert first.stamp_ns == t0
+    assert first.bucket == t0 // 100_000_000
+    assert first.header.bucket_start_ns == (t0 // 100_000_000) * 100_000_000
+    counters = sub.counters()
+    assert counters["gaps"] == 0 and counters["duplicates"] == 0 and counters["out_of_order"] == 0
+
+
+async def test_gaps_duplicates_and_out_of_order_are_counted(bus_pair: BusPair) -> None:
+    sub = await bus_pair.subscriber_bus.subscribe("gps", options=SubscriptionOptions(capacity=100))
+    pub = await bus_pair.publisher_bus.publisher("gps", modality="gps", options=BLOCK)
+    await _ready(pub, bus_pair)
+    raw = pub._pub  # the engine publisher: send hand-made sequence numbers through the real engine
+    base = Header("gps", Modality.GPS, 1, 1_000, 0, 100_000_000, 0, "raw", "", 42, time.time_ns())
+    from dataclasses import replace
+
+    for seq in (1, 2, 5, 3, 3, 6):
+        raw.send(replace(base, seq=seq), b"x")
+    await pub.flush()
+    got = [await sub.recv(timeout_s=20) for _ in range(5)]
+    assert [s.seq for s in got] == [1, 2, 5, 3, 6]
+    assert [s.out_of_order for s in got] == [False, False, False, True, False]
+    c = sub.counters()
+    assert c["gaps"] == 1
+    assert c["missing"] == 1  # 4 never came; 3 came late
+    assert c["out_of_order"] == 1
+    assert c["duplicates"] == 1
+
+
+@pytest.mark.parametrize("shm", [False, True], ids=["plain", "shm"])
+async def test_8mib_point_cloud_and_6mib_image_round_trip_intact(bus_pair: BusPair, shm: bool) -> None:
+    if shm and bus_pair.engine != "zenoh":
+        pytest.skip("shared memory is a Zenoh transport")
+    sub = await bus_pair.subscriber_bus.subscribe(
+        "lidar", options=SubscriptionOptions(capacity=4, backpressure=Backpressure.BLOCK)
+    )
+    opts = PublisherOptions(backpressure=Backpressure.BLOCK, shm=shm)
+    pub = await bus_pair.publisher_bus.publisher("lidar", modality="lidar", encoding="npy", options=opts)
+    await _ready(pub, bus_pair)
+    rng = np.random.default_rng(7)
+    cloud = np.zeros(
+        8 * 1024 * 1024 // 16, dtype=[("x", "<f4"), ("y", "<f4"), ("z", "<f4"), ("intensity", "<f4")]
+    )
+    cloud["x"] = rng.standard_normal(len(cloud))
+    cloud["intensity"] = rng.random(len(cloud))
+    image = rng.integers(0, 255, size=(1024, 2048, 3), dtype=np.uint8)  # 6 MiB
+    await pub.publish_array(cloud, stamp_ns=1_000)
+    await pub.publish(image.tobytes(), stamp_ns=2_000, encoding="raw")
+    await pub.flush()
+    a = await sub.recv(timeout_s=30)
+    b = await sub.recv(timeout_s=30)
+    out = a.as_array()
+    assert out.dtype == cloud.dtype and np.array_equal(out, cloud)
+    assert not out.flags.owndata  # a view of the payload, not a copy
+    assert len(b.payload) == 6 * 1024 * 1024
+    assert np.array_equal(np.frombuffer(b.payload, np.uint8).reshape(image.shape), image)
+    if shm:
+        assert a.header.flags & HeaderFlags.SHM
+
+
+async def test_drop_oldest_keeps_the_latest_samples_and_counts_drops(bus_pair: BusPair) -> None:
+    sub = await bus_pair.subscriber_bus.subscribe(
+        "camera", options=SubscriptionOptions(capacity=4, backpressure=Backpressure.DROP_OLDEST)
+    )
+    pub = await bus_pair.publisher_bus.publisher("camera", modality="camera", options=BLOCK)
+    await _ready(pub, bus_pair)
+    for i in range(100):
+        await pub.publish(bytes([i]), stamp_ns=1_000 + i)
+    await pub.flush()
+    await wait_until(lambda: sub.counters()["received"] == 100, 20, "100 samples received")
+    got = [sub.recv_nowait() for _ in range(4)]
+    assert [s.seq for s in got if s] == [97, 98, 99, 100]
+    assert sub.recv_nowait() is None
+    c = sub.counters()
+    assert c["dropped"] == 96 and c["delivered"] == 4 and c["gaps"] == 0
+
+
+async def test_block_policy_is_lossless_with_a_slow_consumer(bus_pair: BusPair) -> None:
+    sub = await bus_pair.subscriber_bus.subscribe(
+        "cmd", options=SubscriptionOptions(capacity=4, backpressure=Backpressure.BLOCK)
+    )
+    pub = await bus_pair.publisher_bus.publisher("cmd", options=BLOCK)
+    await _ready(pub, bus_pair)
+    n = 400
+
+    async def produce() -> None:
+        for i in range(n):
+            await pub.publish(i.to_bytes(4, "little"), stamp_ns=1_000 + i)
+            if i % 50 == 0:
+                await asyncio.sleep(0)
+        await pub.flush()
+
+    producer = asyncio.create_task(produce())
+    seqs = []
+    for _ in range(n):
+        s = await sub.recv(timeout_s=30)
+        seqs.append(s.seq)
+        if len(seqs) % 40 == 0:
+            await asyncio.sleep(0.01)  # a slow consumer
+    await producer
+    assert seqs == list(range(1, n + 1))
+    c = sub.counters()
+    assert c["dropped"] == 0 and c["gaps"] == 0
+
+
+async def test_malformed_messages_are_counted_and_good_ones_still_delivered(bus_pair: BusPair) -> None:
+    sub = await bus_pair.subscriber_bus.subscribe("scan", options=SubscriptionOptions(capacity=10))
+    pub = await bus_pair.publisher_bus.publisher("scan", options=BLOCK)
+    await _ready(pub, bus_pair)
+    if bus_pair.engine == "zenoh":
+        session = bus_pair.publisher_bus.engine.session  # type: ignore[attr-defined]
+        key = f"eb/{bus_pair.namespace}/s/scan"
+        session.put(key, b"no header at all")
+        session.put(key, b"bad header", attachment=b"EB\x07garbage")
+    else:
+        from embodied_bus.engines.pulsar_engine import stream_topic
+
+        client = bus_pair.publisher_bus.engine.client  # type: ignore[attr-defined]
+        producer = client.create_producer(stream_topic(bus_pair.publisher_bus.settings, "scan"))  # type: ignore[arg-type]
+        producer.send(b"no header at all")
+        producer.send(b"bad header", properties={"eb.v": "1", "eb.seq": "NaN"})
+        producer.close()
+    await pub.publish(b"good", stamp_ns=5)
+    await pub.flush()
+    good = await sub.recv(timeout_s=20)
+    assert good.payload == b"good"
+    await wait_until(lambda: sub.malformed == 2, 10, "two malformed messages counted")
+    assert sub.last_error is not None
+
+
+async def test_payload_over_the_limit_raises_a_clear_error(bus_pair: BusPair) -> None:
+    if bus_pair.engine == "pulsar":
+        opts = PublisherOptions(chunking=False)
+        size = 6 * 1024 * 1024
+        hint = "chunking"
+    else:
+        opts = PublisherOptions(max_payload_bytes=1024 * 1024)
+        size = 1024 * 1024 + 1
+        hint = "max_payload_bytes"
+    pub = await bus_pair.publisher_bus.publisher("lidar", options=opts)
+    with pytest.raises(PayloadTooLargeError, match=hint) as info:
+        await pub.publish(bytes(size), stamp_ns=1)
+    assert str(size) in str(info.value) and "lidar" in str(info.value)
+    assert pub.seq == 0  # the refused sample consumed no sequence number
+    await pub.publish(b"small", stamp_ns=2)  # the publisher keeps working
+    assert pub.seq == 1
+
+
+async def test_unreachable_engine_fails_within_the_timeout(engine_name: str) -> None:
+    port = free_port()
+    url = f"zenoh://127.0.0.1:{port}" if engine_name == "zenoh" else f"pulsar://127.0.0.1:{port}"
+    t0 = time.monotonic()
+    with pytest.raises(BusConnectionError, match=f"127.0.0.1:{port}"):
+        await open_bus(url, connect_timeout_s=1.5)
+    assert time.monotonic() - t0 < 10
+
+
+async def test_zero_stamp_falls_back_to_publish_time_with_a_flag(bus_pair: BusPair) -> None:
+    sub = await bus_pair.subscriber_bus.subscribe("odom")
+    pub = await bus_pair.publisher_bus.publisher("odom", options=BLOCK)
+    await _ready(pub, bus_pair)
+    before = time.time_ns()
+    await pub.publish(b"x", stamp_ns=0)
+    await pub.flush()
+    s = await sub.recv(timeout_s=20)
+    assert s.header.flags & HeaderFlags.STAMP_FALLBACK
+    assert s.stamp_ns >= before
+
+
+async def test_subscribing_to_all_streams_sees_every_stream(bus_pair: BusPair) -> None:
+    # Pulsar pattern subscriptions see the topics that exist when they subscribe, so the
+    # publishers (which create their topics) come first.
+    pubs = [
+        await bus_pair.publisher_bus.publisher(name, options=BLOCK)
+        for name in ("lidar/front", "lidar/rear", "imu")
+    ]
+    sub = await bus_pair.subscriber_bus.subscribe(None, options=SubscriptionOptions(capacity=100))
+
+    async def publish_until_seen() -> None:
+        i = 0
+        while set(sub.stats) != {"lidar/front", "lidar/rear", "imu"}:
+            i += 1
+            for p in pubs:
+                await p.publish(b"x", stamp_ns=i)
+            await p.flush()
+            await asyncio.sleep(0.1)
+
+    await asyncio.wait_for(publish_until_seen(), 30)
+    assert set(sub.stats) == {"lidar/front", "lidar/rear", "imu"}
+
+
+@pytest.mark.skipif(
+    os.environ.get("EMBODIED_BUS_PULSAR_URL") is not None, reason="needs a broker this test run controls"
+)
+async def test_pulsar_broker_crash_and_restart_loses_nothing_acknowledged(pulsar_broker) -> None:  # type: ignore[no-untyped-def]
+    url = pulsar_broker.url
+    ns = "restart" + str(os.getpid())
+    n = 60
+    async with open_bus(url, namespace=ns) as pbus, open_bus(url, namespace=ns) as sbus:
+        sub = await sbus.subscribe(
+            "gps",
+            options=SubscriptionOptions(
+                capacity=1000, backpressure=Backpressure.BLOCK, subscription_name="durable-gps"
+            ),
+        )
+        pub = await pbus.publisher("gps", options=BLOCK)
+        for i in range(n // 2):
+            await pub.publish(i.to_bytes(4, "little"), stamp_ns=1_000 + i)
+        await pub.flush()  # acknowledged by the broker
+        first = [await sub.recv(timeout_s=20) for _ in range(10)]
+        await asyncio.to_thread(pulsar_broker.restart, crash=True)
+        for i in range(n // 2, n):
+            await pub.publish(i.to_bytes(4, "little"), stamp_ns=1_000 + i)
+        await asyncio.wait_for(pub.flush(), 120)
+        rest = []
+        seen = {s.seq for s in first}
+        while len(seen) < n:
+            s = await sub.recv(timeout_s=60)
+            rest.append(s)
+            seen.add(s.seq)
+        assert seen == set(range(1, n + 1))
+        payloads = {s.seq: int.from_bytes(s.payload, "little") for s in first + rest}
+        assert all(payloads[k] == k - 1 for k in payloads)

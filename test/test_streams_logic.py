@@ -1,0 +1,135 @@
+"""Transport-free stream logic: sequence tracking, bounded buffers, URL parsing."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from embodied_bus import Backpressure, BusClosedError, BusConfigError
+from embodied_bus.engines.urls import PulsarSettings, ZenohSettings, parse_bus_url
+from embodied_bus.streams import BoundedBuffer, SequenceTracker, Verdict
+
+
+def test_tracker_classifies_gaps_late_arrivals_and_duplicates() -> None:
+    t = SequenceTracker()
+    verdicts = [t.observe(1, s) for s in (1, 2, 5, 3, 3, 6, 4)]
+    assert verdicts == [
+        Verdict.IN_ORDER,
+        Verdict.IN_ORDER,
+        Verdict.GAP,
+        Verdict.OUT_OF_ORDER,
+        Verdict.DUPLICATE,
+        Verdict.IN_ORDER,
+        Verdict.OUT_OF_ORDER,
+    ]
+    assert (t.gaps, t.missing, t.out_of_order, t.duplicates) == (1, 0, 2, 1)
+
+
+def test_tracker_scopes_sequences_per_publisher() -> None:
+    t = SequenceTracker()
+    assert t.observe(1, 10) is Verdict.IN_ORDER  # joining mid-stream is not a gap
+    assert t.observe(2, 1) is Verdict.IN_ORDER
+    assert t.observe(1, 11) is Verdict.IN_ORDER
+    assert t.observe(2, 2) is Verdict.IN_ORDER
+    assert t.publishers == 2 and t.gaps == 0
+
+
+@given(st.permutations(list(range(2, 60))))
+def test_any_arrival_order_is_accounted_without_false_duplicates(order: list[int]) -> None:
+    t = SequenceTracker()
+    t.observe(7, 1)  # the publisher's first sample
+    assert all(t.observe(7, s) is not Verdict.DUPLICATE for s in order)
+    assert t.missing == 0 and t.duplicates == 0
+    assert all(t.observe(7, s) is Verdict.DUPLICATE for s in order)
+
+
+async def test_drop_oldest_buffer_keeps_the_newest_items() -> None:
+    buf: BoundedBuffer[int] = BoundedBuffer(3, Backpressure.DROP_OLDEST, asyncio.get_running_loop())
+    dropped = [buf.put(i) for i in range(5)]
+    assert dropped == [None, None, None, 0, 1]
+    assert [await buf.get(1) for _ in range(3)] == [2, 3, 4]
+    assert buf.dropped == 2
+
+
+async def test_block_buffer_makes_the_producer_thread_wait_and_loses_nothing() -> None:
+    buf: BoundedBuffer[int] = BoundedBuffer(2, Backpressure.BLOCK, asyncio.get_running_loop())
+    done = threading.Event()
+
+    def produce() -> None:
+        for i in range(50):
+            buf.put(i)
+        done.set()
+
+    th = threading.Thread(target=produce)
+    th.start()
+    got = []
+    for _ in range(50):
+        got.append(await buf.get(5))
+        assert len(buf) <= 2
+    th.join(5)
+    assert got == list(range(50)) and done.is_set() and buf.dropped == 0
+
+
+async def test_get_times_out_and_close_wakes_a_waiting_consumer() -> None:
+    buf: BoundedBuffer[int] = BoundedBuffer(2, Backpressure.BLOCK, asyncio.get_running_loop())
+    with pytest.raises(TimeoutError):
+        await buf.get(0.05)
+    waiter = asyncio.create_task(buf.get())
+    await asyncio.sleep(0)
+    buf.close()
+    with pytest.raises(BusClosedError):
+        await asyncio.wait_for(waiter, 2)
+
+
+def test_default_url_is_an_embedded_zenoh_peer_without_scouting() -> None:
+    s = parse_bus_url("zenoh:")
+    assert isinstance(s, ZenohSettings)
+    assert s.mode == "peer" and not s.multicast_scouting and not s.connect and not s.listen
+
+
+def test_zenoh_url_options_are_parsed() -> None:
+    s = parse_bus_url(
+        "zenoh://10.0.0.2:7447?listen=tcp/0.0.0.0:7447&scouting=multicast&shm=1&ns=robot1&timeout=2"
+    )
+    assert isinstance(s, ZenohSettings)
+    assert s.connect == ("tcp/10.0.0.2:7447",)
+    assert s.listen == ("tcp/0.0.0.0:7447",)
+    assert s.multicast_scouting and s.shm is True
+    assert s.namespace == "robot1" and s.connect_timeout_s == 2.0
+    r = parse_bus_url("zenoh:?mode=router&listen=tcp/0.0.0.0:7447")
+    assert isinstance(r, ZenohSettings) and r.mode == "router"
+
+
+def test_pulsar_urls_are_parsed() -> None:
+    s = parse_bus_url("pulsar+ssl://broker.example:6651?tls_ca=/ca.pem&token=abc&tenant=fleet", namespace="r2")
+    assert isinstance(s, PulsarSettings)
+    assert s.service_url == "pulsar+ssl://broker.example:6651"
+    assert s.tls_trust_certs_file == "/ca.pem" and s.token == "abc" and s.tenant == "fleet"
+    assert s.namespace == "r2"
+    d = parse_bus_url("pulsar://localhost")
+    assert isinstance(d, PulsarSettings) and d.service_url == "pulsar://localhost:6650"
+
+
+@pytest.mark.parametrize(
+    ("url", "message"),
+    [
+        ("kafka://localhost:9092", "unknown bus URL scheme 'kafka'"),
+        ("zenoh:?colour=blue", "unknown zenoh URL option"),
+        ("zenoh:?mode=satellite", "zenoh mode"),
+        ("zenoh:?mode=client", "needs connect"),
+        ("zenoh:?scouting=maybe", "scouting"),
+        ("zenoh:?shm=perhaps", "shm"),
+        ("zenoh:?ns=robot one", "invalid namespace"),
+        ("zenoh:?timeout=-1", "timeout"),
+        ("pulsar://", "needs a host"),
+        ("pulsar://h:6650?persist=1", "unknown pulsar URL option"),
+        ("", "non-empty"),
+    ],
+)
+def test_bad_urls_get_a_clear_error(url: str, message: str) -> None:
+    with pytest.raises(BusConfigError, match=message):
+        parse_bus_url(url)
