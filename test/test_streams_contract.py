@@ -62,10 +62,8 @@ async def test_gaps_duplicates_and_out_of_order_are_counted(bus_pair: BusPair) -
     await _ready(pub, bus_pair)
     raw = pub._pub  # the engine publisher: send hand-made sequence numbers through the real engine
     base = Header("gps", Modality.GPS, 1, 1_000, 0, 100_000_000, 0, "raw", "", 42, time.time_ns())
-    from dataclasses import replace
-
     for seq in (1, 2, 5, 3, 3, 6):
-        raw.send(replace(base, seq=seq), b"x")
+        raw.send(base._replace(seq=seq), b"x")
     await pub.flush()
     got = [await sub.recv(timeout_s=20) for _ in range(5)]
     assert [s.seq for s in got] == [1, 2, 5, 3, 6]

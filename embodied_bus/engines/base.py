@@ -48,6 +48,14 @@ class EnginePublisher(abc.ABC):
             PayloadTooLargeError: Over the engine limit.
         """
 
+    def backlog(self) -> int:
+        """Samples accepted by :meth:`send` but not yet handed to the engine's transport."""
+        return 0
+
+    async def wait_writable(self) -> None:
+        """Wait until the backlog is low enough to accept more (a no-op for most engines)."""
+        return None
+
     def has_subscribers(self) -> bool:
         """Whether a subscriber that would receive the next sample is known to exist.
 

@@ -9,7 +9,8 @@ from __future__ import annotations
 import asyncio
 import json
 import threading
-from dataclasses import replace
+from collections import deque
+from collections.abc import Callable
 from typing import Any
 
 import zenoh
@@ -24,12 +25,20 @@ from embodied_bus.errors import (
     PublishError,
 )
 from embodied_bus.model.qos import Backpressure, PublisherOptions, SubscriptionOptions
-from embodied_bus.model.wire import Header, HeaderFlags, decode_header, encode_header
+from embodied_bus.model.wire import (
+    Header,
+    HeaderFlags,
+    decode_header,
+    encode_header,
+    encode_strings,
+)
 
 __all__ = ["ZenohEngine", "build_zenoh_config", "stream_key"]
 
 #: Shared-memory pool per publisher, in bytes (grows to fit a payload if needed).
 SHM_POOL_BYTES = 64 * 1024 * 1024
+#: Samples a BLOCK publisher may queue before ``publish`` awaits room.
+SENDER_HIGH_WATER = 1024
 
 _log_init = threading.Lock()
 _log_done = False
@@ -73,20 +82,110 @@ def build_zenoh_config(settings: ZenohSettings) -> zenoh.Config:
     return cfg
 
 
+class _SenderThread:
+    """Runs blocking ``put`` calls off the event loop (Zenoh congestion control BLOCK).
+
+    A BLOCK put waits while the transport queue is full. On the loop thread that could stall
+    the very consumer that would free it (publisher and subscriber in one process), so BLOCK
+    publishers hand samples to this named thread; the asyncio side awaits room when more than
+    ``high_water`` samples are queued.
+    """
+
+    def __init__(self, name: str, put: Callable[[Any, bytes], None], high_water: int,
+                 loop: asyncio.AbstractEventLoop) -> None:
+        self._put = put
+        self._loop = loop
+        self.high_water = high_water
+        self._items: deque[tuple[Any, bytes]] = deque()
+        self._cond = threading.Condition()
+        self._idle = False
+        self._busy = 0
+        self._waiters: list[asyncio.Future[None]] = []
+        self._closed = False
+        self.error: BaseException | None = None
+        self._thread = threading.Thread(target=self._run, name=f"eb-zenoh-put-{name}", daemon=True)
+        self._thread.start()
+
+    def push(self, payload: Any, attachment: bytes) -> None:
+        with self._cond:
+            self._items.append((payload, attachment))
+            if self._idle:
+                self._cond.notify()
+
+    def backlog(self) -> int:
+        return len(self._items) + self._busy
+
+    def _run(self) -> None:
+        while True:
+            with self._cond:
+                while not self._items and not self._closed:
+                    self._idle = True
+                    self._cond.wait()
+                    self._idle = False
+                if not self._items and self._closed:
+                    self._wake_all()
+                    return
+                batch = self._items
+                self._items = deque()
+                self._busy = len(batch)
+            for payload, att in batch:
+                try:
+                    self._put(payload, att)
+                except BaseException as err:  # reported on the next publish or flush
+                    self.error = err
+                self._busy -= 1
+            with self._cond:
+                self._wake_all()
+
+    def _wake_all(self) -> None:
+        waiters, self._waiters = self._waiters, []
+        for fut in waiters:
+            self._loop.call_soon_threadsafe(_resolve, fut)
+
+    async def wait_below(self, limit: int) -> None:
+        while True:
+            with self._cond:
+                if self.backlog() <= limit or self._closed:
+                    return
+                fut: asyncio.Future[None] = self._loop.create_future()
+                self._waiters.append(fut)
+            await fut
+
+    def close(self) -> None:
+        with self._cond:
+            self._closed = True
+            self._cond.notify()
+        self._thread.join(10.0)
+
+
+def _resolve(fut: asyncio.Future[None]) -> None:
+    if not fut.done():
+        fut.set_result(None)
+
+
 class _ZenohPublisher(EnginePublisher):
     def __init__(self, engine: ZenohEngine, key: str, options: PublisherOptions) -> None:
         self._engine = engine
-        cc = (
-            zenoh.CongestionControl.BLOCK
-            if options.backpressure is Backpressure.BLOCK
-            else zenoh.CongestionControl.DROP
-        )
+        block = options.backpressure is Backpressure.BLOCK
+        cc = zenoh.CongestionControl.BLOCK if block else zenoh.CongestionControl.DROP
         self._pub = engine.session.declare_publisher(
             key, congestion_control=cc, reliability=zenoh.Reliability.RELIABLE
+        )
+        self._put = self._pub.put
+        self._sender = (
+            _SenderThread(key.rsplit("/", 1)[-1], self._put_att, SENDER_HIGH_WATER,
+                          asyncio.get_running_loop())
+            if block
+            else None
         )
         self._shm_threshold = options.shm_threshold_bytes if options.shm else None
         self._shm: Any = None
         self._closed = False
+        self._tail_key: tuple[str, str, str] = ("", "", "")
+        self._tail = encode_strings("", "", "")
+
+    def _put_att(self, payload: Any, attachment: bytes) -> None:
+        self._put(payload, attachment=attachment)
 
     def _shm_buffer(self, payload: bytes | bytearray) -> Any:
         if self._shm is None:
@@ -98,30 +197,61 @@ class _ZenohPublisher(EnginePublisher):
     def send(self, header: Header, payload: bytes | bytearray) -> bool:
         if self._closed:
             raise BusClosedError(f"publisher for {header.stream!r} is closed")
+        body: Any = payload
+        if self._shm_threshold is not None and len(payload) >= self._shm_threshold:
+            att = encode_header(header._replace(flags=header.flags | HeaderFlags.SHM))
+            body = self._shm_buffer(payload)
+        else:
+            key = (header.stream, header.encoding, header.frame_id)
+            if key != self._tail_key:
+                self._tail = encode_strings(*key)
+                self._tail_key = key
+            att = encode_header(header, self._tail)
+        sender = self._sender
+        if sender is not None:
+            if sender.error is not None:
+                self._raise(header.stream, sender)
+            sender.push(body, att)
+            return True
         try:
-            if self._shm_threshold is not None and len(payload) >= self._shm_threshold:
-                att = encode_header(replace(header, flags=header.flags | HeaderFlags.SHM))
-                self._pub.put(self._shm_buffer(payload), attachment=att)
-            else:
-                self._pub.put(payload, attachment=encode_header(header))
+            self._put(body, attachment=att)
         except zenoh.ZError as err:
             raise PublishError(f"zenoh put on {header.stream!r} failed: {err}") from err
         return True
+
+    def _raise(self, stream: str, sender: _SenderThread) -> None:
+        err, sender.error = sender.error, None
+        raise PublishError(f"zenoh put on {stream!r} failed: {err}") from err
+
+    def backlog(self) -> int:
+        return 0 if self._sender is None else self._sender.backlog()
+
+    async def wait_writable(self) -> None:
+        if self._sender is not None:
+            await self._sender.wait_below(self._sender.high_water // 2)
 
     def has_subscribers(self) -> bool:
         status = self._pub.matching_status
         return bool(getattr(status, "matching", status))
 
     async def flush(self) -> None:
-        return None
+        if self._sender is not None:
+            await self._sender.wait_below(0)
+            if self._sender.error is not None:
+                self._raise(self._pub.key_expr.__str__(), self._sender)
 
     async def close(self) -> None:
         if not self._closed:
-            self._closed = True
             try:
-                self._pub.undeclare()  # type: ignore[no-untyped-call]
-            except zenoh.ZError:
-                pass
+                await self.flush()
+            finally:
+                self._closed = True
+                if self._sender is not None:
+                    await asyncio.to_thread(self._sender.close)
+                try:
+                    self._pub.undeclare()  # type: ignore[no-untyped-call]
+                except zenoh.ZError:
+                    pass
 
 
 class _ZenohSubscriber(EngineSubscriber):

@@ -14,7 +14,7 @@ import enum
 import re
 import struct
 from collections.abc import Mapping
-from dataclasses import dataclass, replace
+from typing import NamedTuple
 
 from embodied_bus.errors import HeaderError
 
@@ -30,6 +30,7 @@ __all__ = [
     "decode_properties",
     "encode_header",
     "encode_properties",
+    "encode_strings",
     "validate_stream_name",
 ]
 
@@ -84,9 +85,8 @@ class HeaderFlags(enum.IntFlag):
     SHM = 2
 
 
-@dataclass(frozen=True, slots=True)
-class Header:
-    """Everything a sample carries besides its payload.
+class Header(NamedTuple):
+    """Everything a sample carries besides its payload (an immutable tuple: cheap to build).
 
     Attributes:
         stream: Stream name, segments of ``[A-Za-z0-9_-]`` separated by ``/``.
@@ -121,10 +121,6 @@ class Header:
         """First nanosecond of this sample's bucket."""
         return self.bucket * self.bucket_width_ns + self.bucket_offset_ns
 
-    def with_publish_ns(self, publish_ns: int) -> Header:
-        """Return a copy with a new publish time."""
-        return replace(self, publish_ns=publish_ns)
-
 
 def validate_stream_name(stream: str) -> str:
     """Return ``stream`` if it is a valid stream name, else raise :class:`HeaderError`."""
@@ -137,15 +133,26 @@ def validate_stream_name(stream: str) -> str:
     return stream
 
 
-def encode_header(h: Header) -> bytes:
-    """Encode a header to its binary form (used as the Zenoh attachment)."""
-    s = h.stream.encode()
-    e = h.encoding.encode()
-    f = h.frame_id.encode()
+def encode_strings(stream: str, encoding: str, frame_id: str) -> tuple[bytes, int, int, int]:
+    """UTF-8 tail of a binary header and its three lengths (publishers cache this)."""
+    s = stream.encode()
+    e = encoding.encode()
+    f = frame_id.encode()
     if max(len(s), len(e), len(f)) > MAX_NAME_BYTES:
         raise HeaderError(f"stream, encoding or frame_id longer than {MAX_NAME_BYTES} bytes")
+    return s + e + f, len(s), len(e), len(f)
+
+
+def encode_header(h: Header, tail: tuple[bytes, int, int, int] | None = None) -> bytes:
+    """Encode a header to its binary form (used as the Zenoh attachment).
+
+    Args:
+        h: The header.
+        tail: ``encode_strings(h.stream, h.encoding, h.frame_id)`` if already known.
+    """
+    strings, ls, le, lf = tail or encode_strings(h.stream, h.encoding, h.frame_id)
     return (
-        HEADER_STRUCT.pack(
+        _pack(
             WIRE_MAGIC,
             WIRE_VERSION,
             int(h.flags),
@@ -157,14 +164,21 @@ def encode_header(h: Header) -> bytes:
             h.bucket_offset_ns,
             h.publisher_id,
             h.publish_ns,
-            len(s),
-            len(e),
-            len(f),
+            ls,
+            le,
+            lf,
         )
-        + s
-        + e
-        + f
+        + strings
     )
+
+
+_pack = HEADER_STRUCT.pack
+_unpack_from = HEADER_STRUCT.unpack_from
+_HEADER_SIZE = HEADER_STRUCT.size
+_FLAGS = {int(f): HeaderFlags(f) for f in range(4)}
+#: Decoded (stream, encoding, frame_id) by header tail bytes; bounded.
+_TAILS: dict[bytes, tuple[str, str, str]] = {}
+_MAX_TAILS = 4096
 
 
 _MODALITIES = {int(m): m for m in Modality}
@@ -176,31 +190,19 @@ def decode_header(data: bytes) -> Header:
     Raises:
         HeaderError: The bytes are not a valid header of a known version; the message says why.
     """
-    n = HEADER_STRUCT.size
+    n = _HEADER_SIZE
     if len(data) < n:
         raise HeaderError(f"header too short: {len(data)} bytes, need at least {n}")
-    (
-        magic,
-        version,
-        flags,
-        modality,
-        seq,
-        stamp_ns,
-        bucket,
-        width_ns,
-        offset_ns,
-        pub_id,
-        publish_ns,
-        ls,
-        le,
-        lf,
-    ) = HEADER_STRUCT.unpack_from(data)
+    (magic, version, flags, modality, seq, stamp_ns, bucket, width_ns, offset_ns, pub_id,
+     publish_ns, ls, le, lf) = _unpack_from(data)
     if magic != WIRE_MAGIC:
         raise HeaderError(f"bad header magic {magic!r}, expected {WIRE_MAGIC!r}")
     if version != WIRE_VERSION:
         raise HeaderError(f"unsupported header version {version}, this build reads {WIRE_VERSION}")
     if len(data) != n + ls + le + lf:
-        raise HeaderError(f"header length mismatch: {len(data)} bytes, fields say {n + ls + le + lf}")
+        raise HeaderError(
+            f"header length mismatch: {len(data)} bytes, fields say {n + ls + le + lf}"
+        )
     mod = _MODALITIES.get(modality)
     if mod is None:
         raise HeaderError(f"unknown modality number {modality}")
@@ -208,26 +210,21 @@ def decode_header(data: bytes) -> Header:
         raise HeaderError(f"bucket width must be positive, got {width_ns}")
     if seq == 0:
         raise HeaderError("sequence number 0 is invalid (sequences start at 1)")
-    try:
-        stream = data[n : n + ls].decode()
-        encoding = data[n + ls : n + ls + le].decode()
-        frame_id = data[n + ls + le :].decode()
-    except UnicodeDecodeError as err:
-        raise HeaderError(f"header string is not UTF-8: {err}") from err
-    return Header(
-        stream,
-        mod,
-        seq,
-        stamp_ns,
-        bucket,
-        width_ns,
-        offset_ns,
-        encoding,
-        frame_id,
-        pub_id,
-        publish_ns,
-        HeaderFlags(flags),
-    )
+    tail = data[n:]
+    strings = _TAILS.get(tail)
+    if strings is None:
+        try:
+            strings = (tail[:ls].decode(), tail[ls : ls + le].decode(), tail[ls + le :].decode())
+        except UnicodeDecodeError as err:
+            raise HeaderError(f"header string is not UTF-8: {err}") from err
+        if len(_TAILS) >= _MAX_TAILS:
+            _TAILS.clear()
+        _TAILS[tail] = strings
+    fl = _FLAGS.get(flags)
+    if fl is None:
+        fl = HeaderFlags(flags & 3)
+    return Header(strings[0], mod, seq, stamp_ns, bucket, width_ns, offset_ns, strings[1],
+                  strings[2], pub_id, publish_ns, fl)
 
 
 _PROP_KEYS = (

@@ -52,6 +52,7 @@ class Publisher:
         if engine_pub.max_payload_bytes is not None:
             limit = min(limit, engine_pub.max_payload_bytes)
         self._limit = limit
+        self._high_water = 256
         #: Samples the engine dropped (drop_oldest with a full queue).
         self.dropped = 0
         #: Samples handed to the engine.
@@ -148,12 +149,19 @@ class Publisher:
         encoding: str | None = None,
         frame_id: str | None = None,
     ) -> Header:
-        """Publish one sample (see :meth:`publish_nowait`); use :meth:`flush` to wait for it."""
-        return self.publish_nowait(payload, stamp_ns=stamp_ns, encoding=encoding, frame_id=frame_id)
+        """Publish one sample (see :meth:`publish_nowait`); use :meth:`flush` to wait for it.
+
+        Under ``BLOCK`` this awaits while the engine's send queue is full, without blocking
+        the event loop.
+        """
+        header = self.publish_nowait(payload, stamp_ns=stamp_ns, encoding=encoding, frame_id=frame_id)
+        if self._pub.backlog() > self._high_water:
+            await self._pub.wait_writable()
+        return header
 
     async def publish_array(self, array: np.ndarray[Any, Any], *, stamp_ns: int) -> Header:
         """Publish a NumPy array as an ``npy`` blob (one copy into the message)."""
-        return self.publish_nowait(array, stamp_ns=stamp_ns, encoding=ENCODING_NPY)
+        return await self.publish(array, stamp_ns=stamp_ns, encoding=ENCODING_NPY)
 
     async def wait_for_subscribers(self, timeout_s: float = 5.0) -> bool:
         """Wait until a subscriber matches this stream (Zenoh discovery takes a moment).

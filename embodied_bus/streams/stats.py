@@ -10,12 +10,14 @@ import numpy as np
 
 from embodied_bus.streams.tracker import SequenceTracker, Verdict
 
-__all__ = ["LATENCY_WINDOW", "RATE_WINDOW_S", "StreamStats"]
+__all__ = ["LATENCY_WINDOW", "RATE_WINDOW_S", "SNAPSHOT_S", "StreamStats"]
 
 #: Number of most recent latencies kept for percentiles.
 LATENCY_WINDOW = 2048
 #: Sliding window for rates, in seconds.
 RATE_WINDOW_S = 2.0
+#: Spacing of the rate snapshots, in seconds.
+SNAPSHOT_S = 0.1
 
 
 @dataclass(slots=True)
@@ -36,7 +38,8 @@ class StreamStats:
     bytes: int = 0
     seq: SequenceTracker = field(default_factory=SequenceTracker)
     _latencies_ns: deque[int] = field(default_factory=lambda: deque(maxlen=LATENCY_WINDOW))
-    _arrivals: deque[tuple[float, int]] = field(default_factory=deque)
+    #: (monotonic s, received, bytes) snapshots, one per :data:`SNAPSHOT_S` at most.
+    _snaps: deque[tuple[float, int, int]] = field(default_factory=deque)
 
     def observe(self, publisher_id: int, seq: int, size: int, latency_ns: int) -> Verdict:
         """Account one received sample; returns its sequence verdict."""
@@ -44,41 +47,40 @@ class StreamStats:
         self.bytes += size
         self._latencies_ns.append(latency_ns)
         now = time.monotonic()
-        arrivals = self._arrivals
-        arrivals.append((now, size))
-        cutoff = now - RATE_WINDOW_S
-        while arrivals and arrivals[0][0] < cutoff:
-            arrivals.popleft()
+        snaps = self._snaps
+        if not snaps or now - snaps[-1][0] >= SNAPSHOT_S:
+            snaps.append((now, self.received, self.bytes))
+            while now - snaps[0][0] > RATE_WINDOW_S:
+                snaps.popleft()
         return self.seq.observe(publisher_id, seq)
 
+    def _window(self) -> tuple[float, int, int]:
+        now = time.monotonic()
+        snaps = self._snaps
+        while snaps and now - snaps[0][0] > RATE_WINDOW_S:
+            snaps.popleft()
+        if not snaps:
+            return (0.0, 0, 0)
+        t0, n0, b0 = snaps[0]
+        return (now - t0, self.received - n0, self.bytes - b0)
+
     def rate_hz(self) -> float:
-        """Samples per second over the last :data:`RATE_WINDOW_S` seconds."""
-        self._trim()
-        if len(self._arrivals) < 2:
-            return 0.0
-        span = self._arrivals[-1][0] - self._arrivals[0][0]
-        return (len(self._arrivals) - 1) / span if span > 0 else 0.0
+        """Samples per second over about the last :data:`RATE_WINDOW_S` seconds."""
+        span, n, _ = self._window()
+        return n / span if span > 0.05 else 0.0
 
     def bandwidth_bps(self) -> float:
-        """Payload bytes per second over the last :data:`RATE_WINDOW_S` seconds."""
-        self._trim()
-        if len(self._arrivals) < 2:
-            return 0.0
-        span = self._arrivals[-1][0] - self._arrivals[0][0]
-        return sum(s for _, s in list(self._arrivals)[1:]) / span if span > 0 else 0.0
+        """Payload bytes per second over about the last :data:`RATE_WINDOW_S` seconds."""
+        span, _, b = self._window()
+        return b / span if span > 0.05 else 0.0
 
     def latency_percentiles_ms(self) -> tuple[float, float]:
         """Publish-to-receive latency (p50, p99) in milliseconds over recent samples."""
         if not self._latencies_ns:
             return (float("nan"), float("nan"))
-        arr = np.fromiter(self._latencies_ns, dtype=np.int64) / 1e6
+        arr = np.fromiter(list(self._latencies_ns), dtype=np.int64) / 1e6
         p50, p99 = np.percentile(arr, [50, 99])
         return (float(p50), float(p99))
-
-    def _trim(self) -> None:
-        cutoff = time.monotonic() - RATE_WINDOW_S
-        while self._arrivals and self._arrivals[0][0] < cutoff:
-            self._arrivals.popleft()
 
     def as_dict(self) -> dict[str, object]:
         """A JSON-ready summary."""

@@ -1,0 +1,73 @@
+"""The embodied-bus command line, run as real processes over real Zenoh sessions."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+from embodied_bus import __version__
+from embodied_bus.testing import free_port
+
+CLI = [sys.executable, "-m", "embodied_bus.cli.main"]
+
+
+def run(*args: str, timeout: float = 60) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([*CLI, *args], capture_output=True, text=True, timeout=timeout, check=False)
+
+
+def test_version_is_printed() -> None:
+    out = run("--version")
+    assert out.returncode == 0 and out.stdout.strip() == f"embodied-bus {__version__}"
+
+
+def test_unknown_bus_scheme_exits_with_a_clear_error() -> None:
+    out = run("echo", "imu", "--bus", "mqtt://localhost", "--count", "1")
+    assert out.returncode == 1
+    assert "unknown bus URL scheme 'mqtt'" in out.stderr
+
+
+def test_echo_prints_header_fields_of_samples_from_pub() -> None:
+    port = free_port()
+    echo = subprocess.Popen(
+        [*CLI, "echo", "lidar/top", "--bus", f"zenoh:?listen=tcp/127.0.0.1:{port}",
+         "--ns", "clitest", "--count", "3", "--json", "--timeout", "30"],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+    )
+    try:
+        pub = run("pub", "lidar/top", "--bus", f"zenoh://127.0.0.1:{port}", "--ns", "clitest",
+                  "--modality", "lidar", "--frame-id", "lidar_top", "--size", "2048",
+                  "--rate", "20", "--count", "40", "--wait-subscriber", "20")
+        assert pub.returncode == 0, pub.stderr
+        out, err = echo.communicate(timeout=60)
+    finally:
+        echo.kill()
+    assert echo.returncode == 0, err
+    lines = [json.loads(x) for x in out.splitlines()]
+    assert len(lines) == 3
+    assert [x["seq"] for x in lines] == sorted(x["seq"] for x in lines)
+    first = lines[0]
+    assert first["stream"] == "lidar/top" and first["modality"] == "lidar"
+    assert first["frame_id"] == "lidar_top" and first["size"] == 2048
+    assert first["bucket"] == first["stamp_ns"] // 100_000_000
+
+
+def test_streams_lists_live_streams_with_rate_and_gaps() -> None:
+    port = free_port()
+    listing = subprocess.Popen(
+        [*CLI, "streams", "--bus", f"zenoh:?listen=tcp/127.0.0.1:{port}", "--ns", "clitest2",
+         "--duration", "4", "--json"],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+    )
+    try:
+        pub = run("pub", "imu", "--bus", f"zenoh://127.0.0.1:{port}", "--ns", "clitest2",
+                  "--modality", "imu", "--rate", "100", "--count", "250", "--wait-subscriber", "20")
+        assert pub.returncode == 0, pub.stderr
+        out, err = listing.communicate(timeout=60)
+    finally:
+        listing.kill()
+    assert listing.returncode == 0, err
+    doc = json.loads(out)
+    (row,) = doc["streams"]
+    assert row["stream"] == "imu" and row["received"] > 50 and row["gaps"] == 0
+    assert row["latency_p50_ms"] is not None
