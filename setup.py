@@ -49,7 +49,6 @@ setup(
     zip_safe=True,
     maintainer="embodied_bus developers",
     maintainer_email="dev@embodied-bus.invalid",
-    tests_require=["pytest"],
     entry_points={
         "console_scripts": [
             "embodied-bus = embodied_bus.cli.main:main",

@@ -34,15 +34,19 @@ def counts(quick: bool) -> dict[str, int]:
 
 
 def result(n: int, size: int, seconds: float) -> dict[str, float]:
-    return {"msgs_per_s": round(n / seconds, 1), "MB_per_s": round(n * size / seconds / 1e6, 2),
-            "seconds": round(seconds, 4), "messages": n}
+    return {
+        "msgs_per_s": round(n / seconds, 1),
+        "MB_per_s": round(n * size / seconds / 1e6, 2),
+        "seconds": round(seconds, 4),
+        "messages": n,
+    }
 
 
 # --------------------------------------------------------------------------- zenoh raw
 def zenoh_pair() -> tuple[Any, Any]:
     import zenoh
 
-    from embodied_bus.testing import free_port
+    from embodied_bus.testing.ports import free_port
 
     zenoh.init_log_from_env_or("error")
     port = free_port()
@@ -73,8 +77,9 @@ def raw_zenoh_throughput(size: int, n: int) -> dict[str, float]:
             done.set()
 
     sub = b.declare_subscriber("bench/raw", cb)
-    pub = a.declare_publisher("bench/raw", congestion_control=zenoh.CongestionControl.BLOCK,
-                              reliability=zenoh.Reliability.RELIABLE)
+    pub = a.declare_publisher(
+        "bench/raw", congestion_control=zenoh.CongestionControl.BLOCK, reliability=zenoh.Reliability.RELIABLE
+    )
     while not pub.matching_status.matching:
         time.sleep(0.005)
     payload = bytes(size)
@@ -121,8 +126,11 @@ def raw_zenoh_latency(n: int) -> dict[str, float]:
 
 def percentiles(lat_ns: list[int]) -> dict[str, float]:
     arr = np.asarray(lat_ns) / 1e6
-    return {"p50_ms": round(float(np.percentile(arr, 50)), 4),
-            "p99_ms": round(float(np.percentile(arr, 99)), 4), "samples": len(lat_ns)}
+    return {
+        "p50_ms": round(float(np.percentile(arr, 50)), 4),
+        "p99_ms": round(float(np.percentile(arr, 99)), 4),
+        "samples": len(lat_ns),
+    }
 
 
 # --------------------------------------------------------------------------- pulsar raw
@@ -131,10 +139,10 @@ def raw_pulsar_throughput(url: str, size: int, n: int) -> dict[str, float]:
 
     client = pulsar.Client(url, logger=_quiet_logger())
     topic = f"persistent://public/default/bench-raw-{time.time_ns()}"
-    consumer = client.subscribe(topic, "bench", receiver_queue_size=1000,
-                                max_pending_chunked_message=64)
-    producer = client.create_producer(topic, chunking_enabled=True, batching_enabled=False,
-                                      block_if_queue_full=True, send_timeout_millis=0)
+    consumer = client.subscribe(topic, "bench", receiver_queue_size=1000, max_pending_chunked_message=64)
+    producer = client.create_producer(
+        topic, chunking_enabled=True, batching_enabled=False, block_if_queue_full=True, send_timeout_millis=0
+    )
     done = threading.Event()
 
     def consume() -> None:
@@ -203,8 +211,9 @@ async def ours_throughput(url_pub: str, url_sub: str, size: int, n: int) -> dict
 
     ns = f"bench{time.time_ns()}"
     async with open_bus(url_pub, namespace=ns) as pb, open_bus(url_sub, namespace=ns) as sb:
-        sub = await sb.subscribe("s", options=SubscriptionOptions(
-            capacity=1024, backpressure=Backpressure.BLOCK))
+        sub = await sb.subscribe(
+            "s", options=SubscriptionOptions(capacity=1024, backpressure=Backpressure.BLOCK)
+        )
         pub = await pb.publisher("s", options=PublisherOptions(backpressure=Backpressure.BLOCK))
         await pub.wait_for_subscribers(10)
         payload = bytes(size)
@@ -260,7 +269,7 @@ def best_of(fn: Any, reps: int) -> dict[str, float]:
 
 
 def bench_engine(engine: str, quick: bool, pulsar_url: str | None) -> dict[str, Any]:
-    from embodied_bus.testing import free_port
+    from embodied_bus.testing.ports import free_port
 
     out: dict[str, Any] = {}
     reps = 1 if quick else 3
@@ -269,20 +278,26 @@ def bench_engine(engine: str, quick: bool, pulsar_url: str | None) -> dict[str, 
         if engine == "pulsar" and size >= 1 << 20:
             n = max(8, n // 4)
         if engine == "zenoh":
+
             def raw_fn(size: int = size, n: int = n) -> dict[str, float]:
                 return raw_zenoh_throughput(size, n)
 
             def ours_fn(size: int = size, n: int = n) -> dict[str, float]:
                 port = free_port()
-                return asyncio.run(ours_throughput(
-                    f"zenoh:?listen=tcp/127.0.0.1:{port}", f"zenoh://127.0.0.1:{port}", size, n))
+                return asyncio.run(
+                    ours_throughput(
+                        f"zenoh:?listen=tcp/127.0.0.1:{port}", f"zenoh://127.0.0.1:{port}", size, n
+                    )
+                )
         else:
             assert pulsar_url
+
             def raw_fn(size: int = size, n: int = n) -> dict[str, float]:
                 return raw_pulsar_throughput(pulsar_url, size, n)
 
             def ours_fn(size: int = size, n: int = n) -> dict[str, float]:
                 return asyncio.run(ours_throughput(pulsar_url, pulsar_url, size, n))
+
         # interleave raw and ours so drift on a noisy machine hits both
         raws, ourss = [], []
         for _ in range(reps):
@@ -294,8 +309,9 @@ def bench_engine(engine: str, quick: bool, pulsar_url: str | None) -> dict[str, 
     n_lat = 500 if quick else 2000
     if engine == "zenoh":
         port = free_port()
-        ours_l = asyncio.run(ours_latency(f"zenoh:?listen=tcp/127.0.0.1:{port}",
-                                          f"zenoh://127.0.0.1:{port}", n_lat))
+        ours_l = asyncio.run(
+            ours_latency(f"zenoh:?listen=tcp/127.0.0.1:{port}", f"zenoh://127.0.0.1:{port}", n_lat)
+        )
         raw_l = raw_zenoh_latency(n_lat)
     else:
         assert pulsar_url
@@ -312,14 +328,13 @@ def main() -> int:
     ap.add_argument("--pulsar-url", default=None)
     args = ap.parse_args()
     engines = [e for e in re.split(r"[, ]+", args.engines) if e]
-    doc: dict[str, Any] = {"benchmark": "streams", "quick": args.quick,
-                           "python": sys.version.split()[0]}
+    doc: dict[str, Any] = {"benchmark": "streams", "quick": args.quick, "python": sys.version.split()[0]}
     broker = None
     t0 = time.perf_counter()
     try:
         url = args.pulsar_url
         if "pulsar" in engines and url is None:
-            from embodied_bus.testing import PulsarStandalone
+            from embodied_bus.testing.pulsar import PulsarStandalone
 
             broker = PulsarStandalone()
             broker.start()
@@ -330,8 +345,11 @@ def main() -> int:
         if broker is not None:
             broker.cleanup()
     doc["elapsed_s"] = round(time.perf_counter() - t0, 1)
-    doc["targets"] = {"zenoh_1KiB_ratio": ">= 0.6", "zenoh_1MiB_plus_ratio": ">= 0.9",
-                      "pulsar_ratio": ">= 0.8"}
+    doc["targets"] = {
+        "zenoh_1KiB_ratio": ">= 0.6",
+        "zenoh_1MiB_plus_ratio": ">= 0.9",
+        "pulsar_ratio": ">= 0.8",
+    }
     print(json.dumps(doc, indent=2))
     _ = statistics
     return 0

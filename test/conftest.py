@@ -15,7 +15,8 @@ from dataclasses import dataclass
 import pytest
 
 from embodied_bus import Bus, open_bus
-from embodied_bus.testing import PulsarStandalone, free_port
+from embodied_bus.testing.ports import free_port
+from embodied_bus.testing.pulsar import PulsarStandalone
 
 
 @pytest.fixture(scope="session")

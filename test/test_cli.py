@@ -7,7 +7,7 @@ import subprocess
 import sys
 
 from embodied_bus import __version__
-from embodied_bus.testing import free_port
+from embodied_bus.testing.ports import free_port
 
 CLI = [sys.executable, "-m", "embodied_bus.cli.main"]
 
@@ -30,14 +30,45 @@ def test_unknown_bus_scheme_exits_with_a_clear_error() -> None:
 def test_echo_prints_header_fields_of_samples_from_pub() -> None:
     port = free_port()
     echo = subprocess.Popen(
-        [*CLI, "echo", "lidar/top", "--bus", f"zenoh:?listen=tcp/127.0.0.1:{port}",
-         "--ns", "clitest", "--count", "3", "--json", "--timeout", "30"],
-        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        [
+            *CLI,
+            "echo",
+            "lidar/top",
+            "--bus",
+            f"zenoh:?listen=tcp/127.0.0.1:{port}",
+            "--ns",
+            "clitest",
+            "--count",
+            "3",
+            "--json",
+            "--timeout",
+            "30",
+        ],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
     )
     try:
-        pub = run("pub", "lidar/top", "--bus", f"zenoh://127.0.0.1:{port}", "--ns", "clitest",
-                  "--modality", "lidar", "--frame-id", "lidar_top", "--size", "2048",
-                  "--rate", "20", "--count", "40", "--wait-subscriber", "20")
+        pub = run(
+            "pub",
+            "lidar/top",
+            "--bus",
+            f"zenoh://127.0.0.1:{port}",
+            "--ns",
+            "clitest",
+            "--modality",
+            "lidar",
+            "--frame-id",
+            "lidar_top",
+            "--size",
+            "2048",
+            "--rate",
+            "20",
+            "--count",
+            "40",
+            "--wait-subscriber",
+            "20",
+        )
         assert pub.returncode == 0, pub.stderr
         out, err = echo.communicate(timeout=60)
     finally:
@@ -55,13 +86,38 @@ def test_echo_prints_header_fields_of_samples_from_pub() -> None:
 def test_streams_lists_live_streams_with_rate_and_gaps() -> None:
     port = free_port()
     listing = subprocess.Popen(
-        [*CLI, "streams", "--bus", f"zenoh:?listen=tcp/127.0.0.1:{port}", "--ns", "clitest2",
-         "--duration", "4", "--json"],
-        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        [
+            *CLI,
+            "streams",
+            "--bus",
+            f"zenoh:?listen=tcp/127.0.0.1:{port}",
+            "--ns",
+            "clitest2",
+            "--duration",
+            "4",
+            "--json",
+        ],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
     )
     try:
-        pub = run("pub", "imu", "--bus", f"zenoh://127.0.0.1:{port}", "--ns", "clitest2",
-                  "--modality", "imu", "--rate", "100", "--count", "250", "--wait-subscriber", "20")
+        pub = run(
+            "pub",
+            "imu",
+            "--bus",
+            f"zenoh://127.0.0.1:{port}",
+            "--ns",
+            "clitest2",
+            "--modality",
+            "imu",
+            "--rate",
+            "100",
+            "--count",
+            "250",
+            "--wait-subscriber",
+            "20",
+        )
         assert pub.returncode == 0, pub.stderr
         out, err = listing.communicate(timeout=60)
     finally:

@@ -53,7 +53,9 @@ def test_header_round_trips_through_binary_and_properties(modality: Modality, fl
     frame=st.text(max_size=40),
     enc=st.text(max_size=40),
 )
-def test_any_valid_header_round_trips(stream: str, seq: int, stamp: int, width: int, frame: str, enc: str) -> None:
+def test_any_valid_header_round_trips(
+    stream: str, seq: int, stamp: int, width: int, frame: str, enc: str
+) -> None:
     clock = BucketClock(width_ns=width)
     h = BASE._replace(
         stream=stream,

@@ -20,7 +20,7 @@ from embodied_bus import (
     open_bus,
 )
 from embodied_bus.model import Header
-from embodied_bus.testing import free_port
+from embodied_bus.testing.ports import free_port
 
 from conftest import BusPair, wait_until
 

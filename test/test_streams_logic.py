@@ -105,7 +105,9 @@ def test_zenoh_url_options_are_parsed() -> None:
 
 
 def test_pulsar_urls_are_parsed() -> None:
-    s = parse_bus_url("pulsar+ssl://broker.example:6651?tls_ca=/ca.pem&token=abc&tenant=fleet", namespace="r2")
+    s = parse_bus_url(
+        "pulsar+ssl://broker.example:6651?tls_ca=/ca.pem&token=abc&tenant=fleet", namespace="r2"
+    )
     assert isinstance(s, PulsarSettings)
     assert s.service_url == "pulsar+ssl://broker.example:6651"
     assert s.tls_trust_certs_file == "/ca.pem" and s.token == "abc" and s.tenant == "fleet"

@@ -1,6 +1,7 @@
-"""Helpers for tests and benchmarks that need real engines (Apache Pulsar standalone, free ports)."""
+"""Helpers for tests and benchmarks that need real engines.
 
-from embodied_bus.testing.ports import free_port, free_ports
-from embodied_bus.testing.pulsar import PulsarStandalone, ensure_pulsar_distribution
+* :mod:`embodied_bus.testing.pulsar`: Apache Pulsar standalone from Maven Central.
+* :mod:`embodied_bus.testing.ports`: free loopback ports.
+"""
 
-__all__ = ["PulsarStandalone", "ensure_pulsar_distribution", "free_port", "free_ports"]
+__all__: list[str] = []
