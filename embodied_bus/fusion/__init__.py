@@ -1,0 +1,40 @@
+"""Fused perception: specs, the transport-free assembler and MultiModalFrames."""
+
+from embodied_bus.fusion.assembler import (
+    Assembler,
+    AssemblerStats,
+    DroppedBucket,
+    Event,
+    LateSample,
+    StampJump,
+)
+from embodied_bus.fusion.frame import Member, MultiModalFrame
+from embodied_bus.fusion.spec import (
+    FusionSpec,
+    Incomplete,
+    Pick,
+    Role,
+    SpecError,
+    StreamSpec,
+    load_spec,
+    spec_from_dict,
+)
+
+__all__ = [
+    "Assembler",
+    "AssemblerStats",
+    "DroppedBucket",
+    "Event",
+    "FusionSpec",
+    "Incomplete",
+    "LateSample",
+    "Member",
+    "MultiModalFrame",
+    "Pick",
+    "Role",
+    "SpecError",
+    "StampJump",
+    "StreamSpec",
+    "load_spec",
+    "spec_from_dict",
+]

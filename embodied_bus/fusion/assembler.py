@@ -1,0 +1,421 @@
+"""The transport-free assembler: samples in, one MultiModalFrame per time bucket out.
+
+Event-time semantics with a watermark per stream: after a stream delivered stamp ``t`` it is
+assumed to send nothing older than ``t + lookahead * expected_period`` (its watermark), unless a
+sample arrives out of order (then it is placed, or counted late if its bucket is gone). A
+bucket is emitted the moment every stream's pick is decided; it is never held back to prove
+optimality. A bucket is forced out when the furthest watermark passes its end plus the
+lateness bound (a blacked-out stream cannot stall the pipeline). Memory is bounded by the time
+horizon: samples older than the open buckets can still use are discarded.
+"""
+
+from __future__ import annotations
+
+import bisect
+from collections import deque
+from dataclasses import dataclass, field
+
+from embodied_bus.fusion.frame import Member, MultiModalFrame
+from embodied_bus.fusion.spec import FusionSpec, Incomplete, Pick, Role, StreamSpec
+from embodied_bus.model.sample import Sample
+from embodied_bus.model.wire import HeaderFlags
+
+__all__ = [
+    "Assembler",
+    "AssemblerStats",
+    "DroppedBucket",
+    "Event",
+    "LateSample",
+    "StampJump",
+]
+
+#: Remembered (publisher, seq) pairs per stream for duplicate detection.
+_SEEN_WINDOW = 4096
+
+
+@dataclass(frozen=True, slots=True)
+class LateSample:
+    """A sample whose bucket was already emitted (sent to the late side stream)."""
+
+    sample: Sample
+    bucket: int
+    stamp_ns: int
+
+
+@dataclass(frozen=True, slots=True)
+class StampJump:
+    """A stream's stamp moved backwards, or forwards by more than the jump threshold."""
+
+    stream: str
+    from_ns: int
+    to_ns: int
+
+    @property
+    def backwards(self) -> bool:
+        """True for a jump into the past (clock reset, looping recording)."""
+        return self.to_ns < self.from_ns
+
+
+@dataclass(frozen=True, slots=True)
+class DroppedBucket:
+    """An incomplete bucket dropped by ``incomplete: drop``."""
+
+    bucket: int
+    missing: tuple[str, ...]
+
+
+Event = MultiModalFrame | LateSample | StampJump | DroppedBucket
+
+
+@dataclass(slots=True)
+class AssemblerStats:
+    """Counters of an assembler (all monotonic)."""
+
+    samples: int = 0
+    frames: int = 0
+    complete: int = 0
+    incomplete: int = 0
+    dropped_incomplete: int = 0
+    forced: int = 0
+    late: int = 0
+    duplicates: int = 0
+    stamp_fallbacks: int = 0
+    stamp_jumps: int = 0
+    ignored: int = 0
+    presence: dict[str, int] = field(default_factory=dict)
+
+
+@dataclass(slots=True)
+class _Entry:
+    stamp_ns: int
+    sample: Sample
+    fallback: bool
+
+
+class _Stream:
+    __slots__ = ("entries", "last_stamp", "lookahead_ns", "seen", "seen_order", "spec", "stamps", "watermark")
+
+    def __init__(self, spec: StreamSpec) -> None:
+        self.spec = spec
+        self.entries: list[_Entry] = []
+        self.stamps: list[int] = []
+        self.last_stamp: int | None = None
+        self.watermark: int | None = None
+        self.lookahead_ns = int(spec.lookahead * spec.expected_period_ns)
+        self.seen: set[tuple[int, int]] = set()
+        self.seen_order: deque[tuple[int, int]] = deque()
+
+    def insert(self, e: _Entry) -> None:
+        i = bisect.bisect_right(self.stamps, e.stamp_ns)
+        self.stamps.insert(i, e.stamp_ns)
+        self.entries.insert(i, e)
+
+    def between(self, lo: int, hi: int) -> list[_Entry]:
+        """Entries with lo <= stamp < hi."""
+        i = bisect.bisect_left(self.stamps, lo)
+        j = bisect.bisect_left(self.stamps, hi)
+        return self.entries[i:j]
+
+    def prune(self, before_ns: int) -> None:
+        i = bisect.bisect_left(self.stamps, before_ns)
+        if i:
+            del self.stamps[:i]
+            del self.entries[:i]
+
+    def reset(self) -> None:
+        self.entries.clear()
+        self.stamps.clear()
+        self.last_stamp = None
+        self.watermark = None
+
+
+class Assembler:
+    """Assembles MultiModalFrames from samples according to a :class:`FusionSpec`.
+
+    Feed samples with :meth:`push`; each call returns the events it caused (frames, late
+    samples, stamp jumps, dropped buckets). Deterministic: the same input sequence gives the
+    same output. Not thread-safe: one assembler per worker task.
+    """
+
+    def __init__(self, spec: FusionSpec) -> None:
+        self.spec = spec
+        self.clock = spec.clock
+        self._streams = {s.name: _Stream(s) for s in spec.streams}
+        self._ref = self._streams[spec.reference.name]
+        self._open: list[int] = []  # sorted open bucket ids
+        self._open_set: set[int] = set()
+        self._emitted_upto: int | None = None
+        self._late_counts: dict[int, int] = {}
+        self._horizon_ns = max(
+            [spec.skew_ns(s) for s in spec.streams]
+            + [spec.age_ns(s) for s in spec.streams if s.pick is Pick.HOLD_LAST]
+        )
+        self.stats = AssemblerStats(presence={s.name: 0 for s in spec.streams})
+
+    # ------------------------------------------------------------------ input
+    def push(self, sample: Sample) -> list[Event]:
+        """Add one sample; return the events it caused, in order."""
+        st = self._streams.get(sample.header.stream)
+        if st is None:
+            self.stats.ignored += 1
+            return []
+        self.stats.samples += 1
+        events: list[Event] = []
+        h = sample.header
+        fallback = bool(h.flags & HeaderFlags.STAMP_FALLBACK) or h.stamp_ns == 0
+        stamp = (sample.receive_ns if h.stamp_ns == 0 else h.stamp_ns) + st.spec.clock_offset_ns
+        if fallback:
+            self.stats.stamp_fallbacks += 1
+        key = (h.publisher_id, h.seq)
+        if key in st.seen:
+            self.stats.duplicates += 1
+            return events
+        st.seen.add(key)
+        st.seen_order.append(key)
+        if len(st.seen_order) > _SEEN_WINDOW:
+            st.seen.discard(st.seen_order.popleft())
+        if st.last_stamp is not None and (
+            stamp < st.last_stamp - self.spec.jump_ns or stamp > st.last_stamp + self.spec.jump_ns
+        ):
+            jump = StampJump(st.spec.name, st.last_stamp, stamp)
+            self.stats.stamp_jumps += 1
+            events.append(jump)
+            if jump.backwards or st is self._ref:
+                # A clock reset (or a reference leaping ahead): close what is open and restart.
+                if st is self._ref:
+                    events.extend(self.flush())
+                    for other in self._streams.values():
+                        other.reset()
+                    self._emitted_upto = None
+                else:
+                    st.reset()
+        bucket = self.clock.bucket_of(stamp)
+        entry = _Entry(stamp, sample, fallback)
+        if self._emitted_upto is not None and bucket <= self._emitted_upto:
+            self.stats.late += 1
+            self._late_counts[bucket] = self._late_counts.get(bucket, 0) + 1
+            events.append(LateSample(sample, bucket, stamp))
+            if self.spec.late_panes:
+                events.append(self._late_pane(bucket, entry))
+            if stamp >= self._prune_floor():
+                st.insert(entry)  # may still serve an open bucket (nearest / hold_last)
+            return events
+        if st.last_stamp is not None and stamp < st.last_stamp:
+            st.insert(entry)  # out of order within the window
+        else:
+            st.entries.append(entry)
+            st.stamps.append(stamp)
+            st.last_stamp = stamp
+        wm = stamp + st.lookahead_ns
+        if st.watermark is None or wm > st.watermark:
+            st.watermark = wm
+        if bucket not in self._open_set:
+            self._open_set.add(bucket)
+            bisect.insort(self._open, bucket)
+        events.extend(self._emit_ready())
+        return events
+
+    def advance(self, watermark_ns: int) -> list[Event]:
+        """Declare that no stream will send stamps before ``watermark_ns`` (e.g. wall clock
+        minus the largest expected latency), forcing out buckets whose lateness passed."""
+        for st in self._streams.values():
+            if st.watermark is None or st.watermark < watermark_ns:
+                st.watermark = watermark_ns
+        return self._emit_ready()
+
+    def flush(self) -> list[Event]:
+        """Emit every open bucket now (end of stream, shutdown)."""
+        events: list[Event] = []
+        while self._open:
+            events.extend(self._emit(self._open[0], forced=True))
+        return events
+
+    @property
+    def open_buckets(self) -> int:
+        """Buckets waiting for data."""
+        return len(self._open)
+
+    @property
+    def buffered_samples(self) -> int:
+        """Samples held for open buckets (bounded by the time horizon)."""
+        return sum(len(s.entries) for s in self._streams.values())
+
+    # ------------------------------------------------------------------ decisions
+    def _max_watermark(self) -> int | None:
+        wms = [s.watermark for s in self._streams.values() if s.watermark is not None]
+        return max(wms) if wms else None
+
+    def _emit_ready(self) -> list[Event]:
+        events: list[Event] = []
+        while self._open:
+            b = self._open[0]
+            decided = self._decide(b, forced=False)
+            if decided is not None:
+                events.extend(self._finish(b, decided, forced=False))
+                continue
+            top = self._max_watermark()
+            if top is not None and top >= self.clock.end_ns(b) + self.spec.lateness_ns:
+                events.extend(self._emit(b, forced=True))
+                continue
+            break
+        return events
+
+    def _emit(self, b: int, forced: bool) -> list[Event]:
+        decided = self._decide(b, forced=forced)
+        assert decided is not None
+        return self._finish(b, decided, forced)
+
+    def _reference(self, b: int, forced: bool) -> tuple[int, _Entry | None] | None:
+        start, end = self.clock.start_ns(b), self.clock.end_ns(b)
+        st = self._ref
+        cands = st.between(start, end)
+        wm = st.watermark if st.watermark is not None else start - 1
+        if st.spec.pick is Pick.LATEST:
+            if wm >= end or forced:
+                return (cands[-1].stamp_ns, cands[-1]) if cands else ((start + end) // 2, None)
+            return None
+        centre = (start + end) // 2
+        if cands:
+            best = min(cands, key=lambda e: (abs(e.stamp_ns - centre), e.stamp_ns))
+            if forced or wm >= centre + abs(best.stamp_ns - centre):
+                return best.stamp_ns, best
+            return None
+        if forced or wm >= end:
+            return centre, None
+        return None
+
+    def _pick(self, st: _Stream, b: int, r: int, forced: bool) -> tuple[list[_Entry], float | None] | None:
+        """Entries of ``st`` for bucket ``b`` with reference ``r``; None if undecided."""
+        spec = st.spec
+        start, end = self.clock.start_ns(b), self.clock.end_ns(b)
+        wm = st.watermark if st.watermark is not None else -(2**62)
+        pick = spec.pick
+        if pick is Pick.NEAREST:
+            skew = self.spec.skew_ns(spec)
+            cands = st.between(r - skew, r + skew + 1)
+            if cands:
+                best = min(cands, key=lambda e: (abs(e.stamp_ns - r), e.stamp_ns))
+                if forced or wm >= r + abs(best.stamp_ns - r):
+                    return [best], None
+                return None
+            return ([], None) if forced or wm >= r + skew else None
+        if pick in (Pick.LATEST, Pick.ALL):
+            if not (forced or wm >= end):
+                return None
+            cands = st.between(start, end)
+            if pick is Pick.LATEST:
+                return (cands[-1:], None)
+            return list(cands), None
+        if pick is Pick.HOLD_LAST:
+            if not (forced or wm >= r):
+                return None
+            cands = st.between(r - self.spec.age_ns(spec), r + 1)
+            return (cands[-1:], None)
+        # INTERPOLATE
+        skew = self.spec.skew_ns(spec)
+        before = st.between(r - skew, r + 1)
+        after = st.between(r + 1, r + skew + 1)
+        if not after and not (forced or wm >= r + skew):
+            return None
+        b0 = before[-1] if before else None
+        a0 = after[0] if after else None
+        if b0 is not None and a0 is not None:
+            span = a0.stamp_ns - b0.stamp_ns
+            alpha = (r - b0.stamp_ns) / span if span else 0.0
+            return [b0, a0], alpha
+        one = b0 or a0
+        return ([one], None) if one is not None else ([], None)
+
+    def _decide(self, b: int, forced: bool) -> tuple[int, dict[str, list[_Entry]], dict[str, float]] | None:
+        ref = self._reference(b, forced)
+        if ref is None:
+            return None
+        r, ref_entry = ref
+        picked: dict[str, list[_Entry]] = {self._ref.spec.name: [ref_entry] if ref_entry else []}
+        interp: dict[str, float] = {}
+        for name, st in self._streams.items():
+            if st is self._ref:
+                continue
+            got = self._pick(st, b, r, forced)
+            if got is None:
+                return None
+            picked[name] = got[0]
+            if got[1] is not None:
+                interp[name] = got[1]
+        return r, picked, interp
+
+    def _finish(
+        self, b: int, decided: tuple[int, dict[str, list[_Entry]], dict[str, float]], forced: bool
+    ) -> list[Event]:
+        r, picked, interp = decided
+        self._open.remove(b)
+        self._open_set.discard(b)
+        self._emitted_upto = b if self._emitted_upto is None else max(self._emitted_upto, b)
+        # Buckets before b that never opened are gone too; prune history.
+        floor = self._prune_floor()
+        for st in self._streams.values():
+            st.prune(floor)
+        missing = tuple(n for n, es in picked.items() if not es)
+        required_missing = [
+            n for n in missing if self._streams[n].spec.role in (Role.REFERENCE, Role.REQUIRED)
+        ]
+        complete = not required_missing
+        if forced:
+            self.stats.forced += 1
+        if not complete and self.spec.incomplete is Incomplete.DROP:
+            self.stats.dropped_incomplete += 1
+            return [DroppedBucket(b, missing)]
+        members: dict[str, tuple[Member, ...]] = {}
+        max_skew = 0
+        last_arrival = 0
+        for name, es in picked.items():
+            if not es:
+                continue
+            self.stats.presence[name] += 1
+            ms = tuple(Member(e.sample, e.stamp_ns, e.stamp_ns - r, e.fallback) for e in es)
+            members[name] = ms
+            if self._streams[name].spec.pick in (Pick.NEAREST, Pick.HOLD_LAST, Pick.LATEST):
+                max_skew = max(max_skew, abs(ms[0].skew_ns))
+            last_arrival = max(last_arrival, *(m.sample.receive_ns for m in ms))
+        self.stats.frames += 1
+        if complete:
+            self.stats.complete += 1
+        else:
+            self.stats.incomplete += 1
+        return [
+            MultiModalFrame(
+                bucket=b,
+                start_ns=self.clock.start_ns(b),
+                end_ns=self.clock.end_ns(b),
+                reference_stamp_ns=r,
+                members=members,
+                missing=missing,
+                complete=complete,
+                late_count=self._late_counts.pop(b, 0),
+                max_skew_ns=max_skew,
+                interpolation=interp,
+                forced=forced,
+                last_arrival_ns=last_arrival,
+            )
+        ]
+
+    def _prune_floor(self) -> int:
+        if self._emitted_upto is None:
+            return -(2**62)
+        return self.clock.start_ns(self._emitted_upto + 1) - self._horizon_ns - self.clock.width_ns
+
+    def _late_pane(self, bucket: int, e: _Entry) -> MultiModalFrame:
+        centre = (self.clock.start_ns(bucket) + self.clock.end_ns(bucket)) // 2
+        name = e.sample.header.stream
+        return MultiModalFrame(
+            bucket=bucket,
+            start_ns=self.clock.start_ns(bucket),
+            end_ns=self.clock.end_ns(bucket),
+            reference_stamp_ns=centre,
+            members={name: (Member(e.sample, e.stamp_ns, e.stamp_ns - centre, e.fallback),)},
+            missing=(),
+            complete=False,
+            late_count=self._late_counts.get(bucket, 0),
+            pane=self._late_counts.get(bucket, 0),
+            last_arrival_ns=e.sample.receive_ns,
+        )

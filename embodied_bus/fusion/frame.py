@@ -1,0 +1,67 @@
+"""MultiModalFrame: what a fusion worker emits per time bucket."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from embodied_bus.model.sample import Sample
+
+__all__ = ["Member", "MultiModalFrame"]
+
+
+@dataclass(frozen=True, slots=True)
+class Member:
+    """One sample taken into a frame.
+
+    Attributes:
+        sample: The sample as received (payload untouched, zero-copy).
+        stamp_ns: Its stamp after clock-offset correction (and receive-time fallback).
+        skew_ns: ``stamp_ns`` minus the frame's reference stamp.
+        stamp_fallback: Its header stamp was 0; ``stamp_ns`` is a receive/publish time.
+    """
+
+    sample: Sample
+    stamp_ns: int
+    skew_ns: int
+    stamp_fallback: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class MultiModalFrame:
+    """All modalities of one time bucket.
+
+    Attributes:
+        bucket: Bucket id (event time and routing key).
+        start_ns: First nanosecond of the bucket.
+        end_ns: First nanosecond after the bucket.
+        reference_stamp_ns: Stamp of the reference sample (bucket centre if it is missing).
+        members: Samples per stream, in stamp order (INTERPOLATE: the two bracketing samples).
+        missing: Streams with nothing acceptable for this bucket.
+        complete: Reference and every required stream present.
+        late_count: Samples of this bucket that arrived after it was emitted (known so far).
+        max_skew_ns: Largest |member stamp - reference stamp| over single-pick members.
+        interpolation: Per INTERPOLATE stream, the weight of the later sample at the reference
+            stamp (``value = (1 - a) * before + a * after``).
+        forced: Emitted by the lateness bound rather than on completion.
+        pane: 0 for the frame, 1.. for late panes carrying samples that arrived after it.
+        last_arrival_ns: Latest receive time over members (for added-latency metrics).
+    """
+
+    bucket: int
+    start_ns: int
+    end_ns: int
+    reference_stamp_ns: int
+    members: dict[str, tuple[Member, ...]]
+    missing: tuple[str, ...]
+    complete: bool
+    late_count: int = 0
+    max_skew_ns: int = 0
+    interpolation: dict[str, float] = field(default_factory=dict)
+    forced: bool = False
+    pane: int = 0
+    last_arrival_ns: int = 0
+
+    def member(self, stream: str) -> Member | None:
+        """The (first) member of a stream, or None if missing."""
+        ms = self.members.get(stream)
+        return ms[0] if ms else None

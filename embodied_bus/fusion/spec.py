@@ -1,0 +1,295 @@
+"""Fusion specs: which streams make a frame, and how each one is picked. Loaded from YAML.
+
+Example (``config/fusion.yaml``)::
+
+    fusion:
+      bucket_width_ms: 100
+      bucket_offset_ms: 50        # puts a 10 Hz lidar sweep mid-bucket
+      lateness_ms: 120            # force a bucket out this long (event time) after its end
+      incomplete: emit            # emit partial frames with a missing mask, or "drop"
+      late_panes: false           # also emit late samples as a late pane of their frame
+      streams:
+        lidar/top:    {role: reference, expected_period_ms: 100}
+        camera/front: {role: required, pick: nearest, max_skew_ms: 25, expected_period_ms: 33.3}
+        gps:          {role: optional, pick: hold_last, max_age_ms: 500, expected_period_ms: 200}
+        imu:          {role: optional, pick: all, expected_period_ms: 5}
+"""
+
+from __future__ import annotations
+
+import enum
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from embodied_bus.errors import BusConfigError
+from embodied_bus.model.clock import BucketClock
+from embodied_bus.model.wire import validate_stream_name
+
+__all__ = [
+    "DEFAULT_LATENESS_NS",
+    "DEFAULT_LOOKAHEAD",
+    "FusionSpec",
+    "Incomplete",
+    "Pick",
+    "Role",
+    "SpecError",
+    "StreamSpec",
+    "load_spec",
+    "spec_from_dict",
+]
+
+#: Default lateness bound: 120 ms of event time after a bucket's end.
+DEFAULT_LATENESS_NS = 120_000_000
+#: Fraction of the expected period a stream's watermark runs ahead of its last stamp.
+DEFAULT_LOOKAHEAD = 0.9
+#: A stamp moving this far from a stream's last stamp is reported as a jump (10 s).
+DEFAULT_JUMP_NS = 10_000_000_000
+
+
+class SpecError(BusConfigError):
+    """A fusion spec is invalid; the message names the key (e.g. ``streams.camera.max_skew_ms``)."""
+
+
+class Role(str, enum.Enum):
+    """How a stream counts toward completeness."""
+
+    #: Defines the frame's reference stamp; exactly one per spec.
+    REFERENCE = "reference"
+    #: Missing makes the frame incomplete.
+    REQUIRED = "required"
+    #: Attached when present; never makes a frame incomplete.
+    OPTIONAL = "optional"
+
+
+class Pick(str, enum.Enum):
+    """Which samples of a stream a frame takes."""
+
+    #: The sample nearest to the reference stamp, within ``max_skew``.
+    NEAREST = "nearest"
+    #: The last sample in the bucket.
+    LATEST = "latest"
+    #: Every sample in the bucket.
+    ALL = "all"
+    #: The last sample at or before the reference stamp, at most ``max_age`` old (any bucket).
+    HOLD_LAST = "hold_last"
+    #: The samples just before and after the reference stamp, for linear interpolation.
+    INTERPOLATE = "interpolate"
+
+
+class Incomplete(str, enum.Enum):
+    """What to do with a bucket whose reference or a required stream is missing."""
+
+    EMIT = "emit"
+    DROP = "drop"
+
+
+@dataclass(frozen=True, slots=True)
+class StreamSpec:
+    """One input stream of a fusion spec.
+
+    Attributes:
+        name: Stream name.
+        role: Reference, required or optional.
+        pick: Pick policy.
+        expected_period_ns: Nominal sample period; the watermark looks ahead
+            ``lookahead * expected_period_ns`` past the last stamp.
+        max_skew_ns: Largest |member stamp - reference stamp| accepted (NEAREST, INTERPOLATE;
+            None = half a bucket).
+        max_age_ns: Largest age of a HOLD_LAST sample (None = one bucket).
+        clock_offset_ns: Added to this stream's stamps before anything else (sensor clock
+            correction, e.g. a camera 20 ms ahead → -20 ms).
+        lookahead: Fraction of the expected period used for the watermark.
+    """
+
+    name: str
+    role: Role
+    pick: Pick
+    expected_period_ns: int
+    max_skew_ns: int | None = None
+    max_age_ns: int | None = None
+    clock_offset_ns: int = 0
+    lookahead: float = DEFAULT_LOOKAHEAD
+
+
+@dataclass(frozen=True, slots=True)
+class FusionSpec:
+    """A validated fusion spec (build with :func:`load_spec` or :func:`spec_from_dict`).
+
+    Attributes:
+        clock: Bucket width and phase.
+        streams: Input streams; exactly one has role REFERENCE.
+        lateness_ns: Event time after a bucket's end when it is forced out.
+        incomplete: Emit or drop incomplete buckets.
+        late_panes: Emit late samples as late panes of their frame.
+        jump_ns: Stamp jump threshold for a stream.
+        name: Pipeline name (frames go to ``frames/<name>``).
+    """
+
+    clock: BucketClock
+    streams: tuple[StreamSpec, ...]
+    lateness_ns: int = DEFAULT_LATENESS_NS
+    incomplete: Incomplete = Incomplete.EMIT
+    late_panes: bool = False
+    jump_ns: int = DEFAULT_JUMP_NS
+    name: str = "fused"
+
+    @property
+    def reference(self) -> StreamSpec:
+        """The reference stream."""
+        return next(s for s in self.streams if s.role is Role.REFERENCE)
+
+    def stream(self, name: str) -> StreamSpec | None:
+        """The spec of a stream, or None if it is not an input."""
+        for s in self.streams:
+            if s.name == name:
+                return s
+        return None
+
+    def skew_ns(self, s: StreamSpec) -> int:
+        """Effective max skew of a stream."""
+        return s.max_skew_ns if s.max_skew_ns is not None else self.clock.width_ns // 2
+
+    def age_ns(self, s: StreamSpec) -> int:
+        """Effective max age of a HOLD_LAST stream."""
+        return s.max_age_ns if s.max_age_ns is not None else self.clock.width_ns
+
+
+def _ms(where: str, value: Any, *, positive: bool = True, allow_zero: bool = False) -> int:
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise SpecError(f"{where}: expected a number of milliseconds, got {value!r}")
+    ns = round(float(value) * 1_000_000)
+    if positive and (ns < 0 or (ns == 0 and not allow_zero)):
+        raise SpecError(f"{where}: must be {'>= 0' if allow_zero else '> 0'}, got {value!r}")
+    return ns
+
+
+def _enum(where: str, cls: type[enum.Enum], value: Any) -> Any:
+    try:
+        return cls(value)
+    except ValueError:
+        choices = ", ".join(str(m.value) for m in cls)  # type: ignore[attr-defined]
+        raise SpecError(f"{where}: {value!r} is not one of {choices}") from None
+
+
+_TOP_KEYS = {
+    "bucket_width_ms",
+    "bucket_offset_ms",
+    "lateness_ms",
+    "incomplete",
+    "late_panes",
+    "streams",
+    "jump_ms",
+    "name",
+}
+_STREAM_KEYS = {
+    "role",
+    "pick",
+    "expected_period_ms",
+    "max_skew_ms",
+    "max_age_ms",
+    "clock_offset_ms",
+    "lookahead",
+}
+
+
+def spec_from_dict(doc: Mapping[str, Any], *, where: str = "fusion") -> FusionSpec:
+    """Validate a spec mapping (the value under ``fusion:``) and build a :class:`FusionSpec`.
+
+    Raises:
+        SpecError: The message names the offending key.
+    """
+    if not isinstance(doc, Mapping):
+        raise SpecError(f"{where}: expected a mapping, got {type(doc).__name__}")
+    unknown = set(doc) - _TOP_KEYS
+    if unknown:
+        raise SpecError(f"{where}: unknown key(s) {sorted(unknown)}; known: {sorted(_TOP_KEYS)}")
+    width = _ms(f"{where}.bucket_width_ms", doc.get("bucket_width_ms", 100))
+    offset = _ms(f"{where}.bucket_offset_ms", doc.get("bucket_offset_ms", 0), allow_zero=True)
+    if offset >= width:
+        raise SpecError(f"{where}.bucket_offset_ms: must be smaller than bucket_width_ms")
+    streams_doc = doc.get("streams")
+    if not isinstance(streams_doc, Mapping) or not streams_doc:
+        raise SpecError(f"{where}.streams: expected a non-empty mapping of stream name to options")
+    streams = []
+    for name, opts in streams_doc.items():
+        w = f"{where}.streams.{name}"
+        try:
+            validate_stream_name(str(name))
+        except ValueError as err:
+            raise SpecError(f"{w}: {err}") from None
+        if not isinstance(opts, Mapping):
+            raise SpecError(f"{w}: expected a mapping of options")
+        unknown = set(opts) - _STREAM_KEYS
+        if unknown:
+            raise SpecError(f"{w}: unknown key(s) {sorted(unknown)}; known: {sorted(_STREAM_KEYS)}")
+        if "role" not in opts:
+            raise SpecError(f"{w}.role: missing (reference, required or optional)")
+        if "expected_period_ms" not in opts:
+            raise SpecError(f"{w}.expected_period_ms: missing (nominal sample period)")
+        role = _enum(f"{w}.role", Role, opts["role"])
+        pick = _enum(f"{w}.pick", Pick, opts.get("pick", Pick.NEAREST.value))
+        if role is Role.REFERENCE and pick not in (Pick.NEAREST, Pick.LATEST):
+            raise SpecError(
+                f"{w}.pick: the reference stream picks 'nearest' (to the bucket "
+                f"centre) or 'latest', not {pick.value!r}"
+            )
+        lookahead = opts.get("lookahead", DEFAULT_LOOKAHEAD)
+        if isinstance(lookahead, bool) or not isinstance(lookahead, (int, float)) or not 0 <= lookahead <= 1:
+            raise SpecError(f"{w}.lookahead: expected a fraction in [0, 1], got {lookahead!r}")
+        streams.append(
+            StreamSpec(
+                name=str(name),
+                role=role,
+                pick=pick,
+                expected_period_ns=_ms(f"{w}.expected_period_ms", opts["expected_period_ms"]),
+                max_skew_ns=_ms(f"{w}.max_skew_ms", opts["max_skew_ms"], allow_zero=True)
+                if "max_skew_ms" in opts
+                else None,
+                max_age_ns=_ms(f"{w}.max_age_ms", opts["max_age_ms"]) if "max_age_ms" in opts else None,
+                clock_offset_ns=_ms(f"{w}.clock_offset_ms", opts.get("clock_offset_ms", 0), positive=False),
+                lookahead=float(lookahead),
+            )
+        )
+    refs = [s.name for s in streams if s.role is Role.REFERENCE]
+    if len(refs) != 1:
+        raise SpecError(f"{where}.streams: exactly one stream must have role: reference, found {refs}")
+    late_panes = doc.get("late_panes", False)
+    if not isinstance(late_panes, bool):
+        raise SpecError(f"{where}.late_panes: expected true or false, got {late_panes!r}")
+    name = str(doc.get("name", "fused"))
+    try:
+        validate_stream_name(name)
+    except ValueError as err:
+        raise SpecError(f"{where}.name: {err}") from None
+    return FusionSpec(
+        clock=BucketClock(width_ns=width, offset_ns=offset),
+        streams=tuple(streams),
+        lateness_ns=_ms(
+            f"{where}.lateness_ms", doc.get("lateness_ms", DEFAULT_LATENESS_NS / 1e6), allow_zero=True
+        ),
+        incomplete=_enum(f"{where}.incomplete", Incomplete, doc.get("incomplete", "emit")),
+        late_panes=late_panes,
+        jump_ns=_ms(f"{where}.jump_ms", doc.get("jump_ms", DEFAULT_JUMP_NS / 1e6)),
+        name=name,
+    )
+
+
+def load_spec(path: str | Path) -> FusionSpec:
+    """Load a spec from a YAML file: either the spec itself or a document with a ``fusion:`` key.
+
+    Raises:
+        SpecError: The file cannot be read or parsed, or the spec is invalid.
+    """
+    try:
+        doc = yaml.safe_load(Path(path).read_text())
+    except OSError as err:
+        raise SpecError(f"cannot read fusion spec {str(path)!r}: {err}") from err
+    except yaml.YAMLError as err:
+        raise SpecError(f"fusion spec {str(path)!r} is not valid YAML: {err}") from err
+    if isinstance(doc, Mapping) and "fusion" in doc:
+        return spec_from_dict(doc["fusion"], where=f"{path}: fusion")
+    return spec_from_dict(doc or {}, where=str(path))

@@ -1,0 +1,65 @@
+"""The ament_python package metadata: package.xml, setup.py data files, console scripts."""
+
+from __future__ import annotations
+
+import ast
+import runpy
+import sys
+from pathlib import Path
+from unittest import mock
+
+from catkin_pkg.package import parse_package
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def test_package_xml_is_format_3_with_the_ros_dependencies() -> None:
+    pkg = parse_package(str(ROOT / "package.xml"))
+    pkg.validate()
+    assert pkg.package_format == 3 and pkg.name == "embodied_bus"
+    execs = {d.name for d in pkg.exec_depends}
+    assert {"rclpy", "sensor_msgs", "std_msgs", "launch", "launch_ros", "ament_index_python"} <= execs
+    assert any(d.name.startswith("ament_") for d in pkg.test_depends)
+    assert pkg.get_build_type() == "ament_python"
+
+
+def _setup_kwargs() -> dict[str, object]:
+    captured: dict[str, object] = {}
+    with mock.patch("setuptools.setup", lambda **kw: captured.update(kw)):
+        cwd = Path.cwd()
+        try:
+            import os
+
+            os.chdir(ROOT)
+            runpy.run_path(str(ROOT / "setup.py"))
+        finally:
+            os.chdir(cwd)
+    return captured
+
+
+def test_setup_installs_the_ament_marker_launch_and_config_files() -> None:
+    kw = _setup_kwargs()
+    files = {dest: list(srcs) for dest, srcs in kw["data_files"]}  # type: ignore[union-attr]
+    assert files["share/ament_index/resource_index/packages"] == ["resource/embodied_bus"]
+    assert "package.xml" in files["share/embodied_bus"]
+    assert files["share/embodied_bus/launch"] and all(
+        (ROOT / f).exists() for f in files["share/embodied_bus/launch"]
+    )
+    assert "config/fusion.yaml" in files["share/embodied_bus/config"]
+    scripts = kw["entry_points"]["console_scripts"]  # type: ignore[index]
+    assert any(s.startswith("embodied-bus = ") for s in scripts)
+    assert (ROOT / "setup.cfg").read_text().count("$base/lib/embodied_bus") == 2
+    assert (ROOT / "embodied_bus" / "py.typed").exists()
+
+
+def test_launch_files_parse_and_only_run_existing_commands() -> None:
+    scripts = {s.split("=")[0].strip() for s in _setup_kwargs()["entry_points"]["console_scripts"]}  # type: ignore[index]
+    for path in (ROOT / "launch").glob("*.launch.py"):
+        tree = ast.parse(path.read_text(), filename=str(path))
+        names = {n.name for n in ast.walk(tree) if isinstance(n, ast.FunctionDef)}
+        assert "generate_launch_description" in names, path
+        for node in ast.walk(tree):
+            if isinstance(node, ast.keyword) and node.arg in ("cmd", "executable"):
+                first = node.value.elts[0] if isinstance(node.value, ast.List) else node.value
+                assert isinstance(first, ast.Constant) and first.value in scripts, (path, first)
+    assert sys.version_info >= (3, 10)
