@@ -91,8 +91,9 @@ class _SenderThread:
     ``high_water`` samples are queued.
     """
 
-    def __init__(self, name: str, put: Callable[[Any, bytes], None], high_water: int,
-                 loop: asyncio.AbstractEventLoop) -> None:
+    def __init__(
+        self, name: str, put: Callable[[Any, bytes], None], high_water: int, loop: asyncio.AbstractEventLoop
+    ) -> None:
         self._put = put
         self._loop = loop
         self.high_water = high_water
@@ -173,8 +174,9 @@ class _ZenohPublisher(EnginePublisher):
         )
         self._put = self._pub.put
         self._sender = (
-            _SenderThread(key.rsplit("/", 1)[-1], self._put_att, SENDER_HIGH_WATER,
-                          asyncio.get_running_loop())
+            _SenderThread(
+                key.rsplit("/", 1)[-1], self._put_att, SENDER_HIGH_WATER, asyncio.get_running_loop()
+            )
             if block
             else None
         )

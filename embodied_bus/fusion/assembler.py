@@ -4,8 +4,8 @@ Event-time semantics with a watermark per stream: after a stream delivered stamp
 assumed to send nothing older than ``t + lookahead * expected_period`` (its watermark), unless a
 sample arrives out of order (then it is placed, or counted late if its bucket is gone). A
 bucket is emitted the moment every stream's pick is decided; it is never held back to prove
-optimality. A bucket is forced out when the furthest watermark passes its end plus the
-lateness bound (a blacked-out stream cannot stall the pipeline). Memory is bounded by the time
+optimality. A bucket is forced out when the furthest stamp seen on any stream passes its end plus
+the lateness bound (a blacked-out stream cannot stall the pipeline). Memory is bounded by the time
 horizon: samples older than the open buckets can still use are discarded.
 """
 
@@ -78,6 +78,7 @@ class AssemblerStats:
     dropped_incomplete: int = 0
     forced: int = 0
     late: int = 0
+    unused: int = 0
     duplicates: int = 0
     stamp_fallbacks: int = 0
     stamp_jumps: int = 0
@@ -146,6 +147,10 @@ class Assembler:
         self._open_set: set[int] = set()
         self._emitted_upto: int | None = None
         self._late_counts: dict[int, int] = {}
+        self._event_time_ns: int | None = None
+        #: Streams whose pick was decided (not forced) per recently emitted bucket.
+        self._decided: dict[int, frozenset[str]] = {}
+        self._all_names = frozenset(self._streams)
         self._horizon_ns = max(
             [spec.skew_ns(s) for s in spec.streams]
             + [spec.age_ns(s) for s in spec.streams if s.pick is Pick.HOLD_LAST]
@@ -180,25 +185,36 @@ class Assembler:
             jump = StampJump(st.spec.name, st.last_stamp, stamp)
             self.stats.stamp_jumps += 1
             events.append(jump)
-            if jump.backwards or st is self._ref:
-                # A clock reset (or a reference leaping ahead): close what is open and restart.
+            if jump.backwards:
+                # A clock reset (looping recording, rebooted sensor): close what is open and
+                # restart from the new time base.
                 if st is self._ref:
                     events.extend(self.flush())
                     for other in self._streams.values():
                         other.reset()
                     self._emitted_upto = None
+                    self._event_time_ns = None
                 else:
                     st.reset()
         bucket = self.clock.bucket_of(stamp)
         entry = _Entry(stamp, sample, fallback)
         if self._emitted_upto is not None and bucket <= self._emitted_upto:
-            self.stats.late += 1
-            self._late_counts[bucket] = self._late_counts.get(bucket, 0) + 1
-            events.append(LateSample(sample, bucket, stamp))
-            if self.spec.late_panes:
-                events.append(self._late_pane(bucket, entry))
+            decided = self._decided.get(bucket)
+            if decided is None or st.spec.name not in decided:
+                # Its bucket went out without a decision for this stream: late data.
+                self.stats.late += 1
+                self._late_counts[bucket] = self._late_counts.get(bucket, 0) + 1
+                events.append(LateSample(sample, bucket, stamp))
+                if self.spec.late_panes:
+                    events.append(self._late_pane(bucket, entry))
+            else:
+                # On time, but its bucket was already decided without it (a nearer sample won).
+                self.stats.unused += 1
             if stamp >= self._prune_floor():
                 st.insert(entry)  # may still serve an open bucket (nearest / hold_last)
+            if st.last_stamp is None or stamp > st.last_stamp:
+                st.last_stamp = stamp
+                st.watermark = max(st.watermark or stamp, stamp + st.lookahead_ns)
             return events
         if st.last_stamp is not None and stamp < st.last_stamp:
             st.insert(entry)  # out of order within the window
@@ -206,6 +222,8 @@ class Assembler:
             st.entries.append(entry)
             st.stamps.append(stamp)
             st.last_stamp = stamp
+        if self._event_time_ns is None or stamp > self._event_time_ns:
+            self._event_time_ns = stamp
         wm = stamp + st.lookahead_ns
         if st.watermark is None or wm > st.watermark:
             st.watermark = wm
@@ -221,6 +239,8 @@ class Assembler:
         for st in self._streams.values():
             if st.watermark is None or st.watermark < watermark_ns:
                 st.watermark = watermark_ns
+        if self._event_time_ns is None or watermark_ns > self._event_time_ns:
+            self._event_time_ns = watermark_ns
         return self._emit_ready()
 
     def flush(self) -> list[Event]:
@@ -241,9 +261,9 @@ class Assembler:
         return sum(len(s.entries) for s in self._streams.values())
 
     # ------------------------------------------------------------------ decisions
-    def _max_watermark(self) -> int | None:
-        wms = [s.watermark for s in self._streams.values() if s.watermark is not None]
-        return max(wms) if wms else None
+    def _event_time(self) -> int | None:
+        """The furthest stamp observed (or declared with :meth:`advance`); look-ahead excluded."""
+        return self._event_time_ns
 
     def _emit_ready(self) -> list[Event]:
         events: list[Event] = []
@@ -253,7 +273,7 @@ class Assembler:
             if decided is not None:
                 events.extend(self._finish(b, decided, forced=False))
                 continue
-            top = self._max_watermark()
+            top = self._event_time()
             if top is not None and top >= self.clock.end_ns(b) + self.spec.lateness_ns:
                 events.extend(self._emit(b, forced=True))
                 continue
@@ -348,6 +368,22 @@ class Assembler:
         self, b: int, decided: tuple[int, dict[str, list[_Entry]], dict[str, float]], forced: bool
     ) -> list[Event]:
         r, picked, interp = decided
+        if forced:
+            names = set()
+            ref = self._reference(b, False)
+            if ref is not None:
+                names.add(self._ref.spec.name)
+                names.update(
+                    n
+                    for n, st in self._streams.items()
+                    if st is not self._ref and self._pick(st, b, ref[0], False) is not None
+                )
+            self._decided[b] = frozenset(names)
+        else:
+            self._decided[b] = self._all_names
+        if len(self._decided) > 256:
+            for old in sorted(self._decided)[:128]:
+                del self._decided[old]
         self._open.remove(b)
         self._open_set.discard(b)
         self._emitted_upto = b if self._emitted_upto is None else max(self._emitted_upto, b)
@@ -374,7 +410,7 @@ class Assembler:
             self.stats.presence[name] += 1
             ms = tuple(Member(e.sample, e.stamp_ns, e.stamp_ns - r, e.fallback) for e in es)
             members[name] = ms
-            if self._streams[name].spec.pick in (Pick.NEAREST, Pick.HOLD_LAST, Pick.LATEST):
+            if self._streams[name].spec.pick in (Pick.NEAREST, Pick.LATEST):
                 max_skew = max(max_skew, abs(ms[0].skew_ns))
             last_arrival = max(last_arrival, *(m.sample.receive_ns for m in ms))
         self.stats.frames += 1

@@ -46,8 +46,9 @@ __all__ = [
 DEFAULT_LATENESS_NS = 120_000_000
 #: Fraction of the expected period a stream's watermark runs ahead of its last stamp.
 DEFAULT_LOOKAHEAD = 0.9
-#: A stamp moving this far from a stream's last stamp is reported as a jump (10 s).
-DEFAULT_JUMP_NS = 10_000_000_000
+#: A stamp moving this far from a stream's last stamp is reported as a jump (2 s); a jump
+#: backwards restarts the stream (the reference: the whole assembler).
+DEFAULT_JUMP_NS = 2_000_000_000
 
 
 class SpecError(BusConfigError):

@@ -193,16 +193,28 @@ def decode_header(data: bytes) -> Header:
     n = _HEADER_SIZE
     if len(data) < n:
         raise HeaderError(f"header too short: {len(data)} bytes, need at least {n}")
-    (magic, version, flags, modality, seq, stamp_ns, bucket, width_ns, offset_ns, pub_id,
-     publish_ns, ls, le, lf) = _unpack_from(data)
+    (
+        magic,
+        version,
+        flags,
+        modality,
+        seq,
+        stamp_ns,
+        bucket,
+        width_ns,
+        offset_ns,
+        pub_id,
+        publish_ns,
+        ls,
+        le,
+        lf,
+    ) = _unpack_from(data)
     if magic != WIRE_MAGIC:
         raise HeaderError(f"bad header magic {magic!r}, expected {WIRE_MAGIC!r}")
     if version != WIRE_VERSION:
         raise HeaderError(f"unsupported header version {version}, this build reads {WIRE_VERSION}")
     if len(data) != n + ls + le + lf:
-        raise HeaderError(
-            f"header length mismatch: {len(data)} bytes, fields say {n + ls + le + lf}"
-        )
+        raise HeaderError(f"header length mismatch: {len(data)} bytes, fields say {n + ls + le + lf}")
     mod = _MODALITIES.get(modality)
     if mod is None:
         raise HeaderError(f"unknown modality number {modality}")
@@ -223,8 +235,20 @@ def decode_header(data: bytes) -> Header:
     fl = _FLAGS.get(flags)
     if fl is None:
         fl = HeaderFlags(flags & 3)
-    return Header(strings[0], mod, seq, stamp_ns, bucket, width_ns, offset_ns, strings[1],
-                  strings[2], pub_id, publish_ns, fl)
+    return Header(
+        strings[0],
+        mod,
+        seq,
+        stamp_ns,
+        bucket,
+        width_ns,
+        offset_ns,
+        strings[1],
+        strings[2],
+        pub_id,
+        publish_ns,
+        fl,
+    )
 
 
 _PROP_KEYS = (

@@ -1,0 +1,257 @@
+"""The transport-free assembler: policies, invariants (hypothesis) and faults."""
+
+from __future__ import annotations
+
+from collections import Counter
+from pathlib import Path
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from embodied_bus.fusion import (
+    Assembler,
+    DroppedBucket,
+    LateSample,
+    MultiModalFrame,
+    SpecError,
+    StampJump,
+    load_spec,
+    spec_from_dict,
+)
+from embodied_bus.model import Header, Modality, Sample
+from embodied_bus.sim.scenario import T0_NS, Scenario, generate
+
+ROOT = Path(__file__).resolve().parents[1]
+MS = 1_000_000
+SPEC = load_spec(ROOT / "config" / "fusion.yaml")
+
+
+def run(samples: list[Sample], spec=SPEC) -> tuple[list[MultiModalFrame], list[object], Assembler]:  # type: ignore[no-untyped-def]
+    asm = Assembler(spec)
+    frames: list[MultiModalFrame] = []
+    other: list[object] = []
+    for s in samples:
+        for ev in asm.push(s):
+            (frames if isinstance(ev, MultiModalFrame) and ev.pane == 0 else other).append(ev)
+    for ev in asm.flush():
+        (frames if isinstance(ev, MultiModalFrame) else other).append(ev)
+    return frames, other, asm
+
+
+def sample(stream: str, stamp_ms: float, seq: int, arrival_ms: float | None = None) -> Sample:
+    stamp = T0_NS + int(stamp_ms * MS)
+    arrival = T0_NS + int((arrival_ms if arrival_ms is not None else stamp_ms + 1) * MS)
+    h = Header(stream, Modality.OTHER, seq, stamp, 0, 100 * MS, 0, "raw", "", hash(stream) & 0xFFFF, arrival)
+    return Sample(h, b"", arrival)
+
+
+def test_one_complete_frame_per_lidar_sweep_with_every_imu_sample() -> None:
+    samples = generate(Scenario(duration_s=10))
+    frames, other, asm = run(samples)
+    sweeps = sum(1 for s in samples if s.stream == "lidar/top")
+    with_lidar = [f for f in frames if f.member("lidar/top")]
+    assert len(with_lidar) == sweeps
+    assert all(f.complete for f in with_lidar)
+    imu_used = Counter(m.sample.seq for f in frames for m in f.members.get("imu", ()))
+    assert sum(imu_used.values()) == sum(1 for s in samples if s.stream == "imu")
+    assert max(imu_used.values()) == 1
+    assert all(f.max_skew_ns <= 25 * MS for f in frames)
+    assert asm.stats.late == 0 and not [e for e in other if isinstance(e, LateSample)]
+
+
+def test_frames_are_emitted_on_arrival_of_the_last_needed_sample() -> None:
+    spec = spec_from_dict(
+        {
+            "bucket_width_ms": 100,
+            "bucket_offset_ms": 50,
+            "streams": {
+                "lidar": {"role": "reference", "expected_period_ms": 100},
+                "cam": {"role": "required", "max_skew_ms": 25, "expected_period_ms": 33},
+            },
+        }
+    )
+    asm = Assembler(spec)
+    assert asm.push(sample("lidar", 100, 1)) == []  # the camera is still owed
+    out = asm.push(sample("cam", 104, 1))  # a later image cannot be nearer: emit now
+    assert len(out) == 1 and isinstance(out[0], MultiModalFrame)
+    f = out[0]
+    assert f.complete and f.reference_stamp_ns == T0_NS + 100 * MS
+    assert f.member("cam").skew_ns == 4 * MS  # type: ignore[union-attr]
+    assert not f.forced
+
+
+def test_an_earlier_camera_image_is_taken_once_look_ahead_proves_nothing_nearer_comes() -> None:
+    spec = spec_from_dict(
+        {
+            "bucket_width_ms": 100,
+            "bucket_offset_ms": 50,
+            "streams": {
+                "lidar": {"role": "reference", "expected_period_ms": 100},
+                "cam": {"role": "required", "max_skew_ms": 25, "expected_period_ms": 33},
+            },
+        }
+    )
+    asm = Assembler(spec)
+    asm.push(sample("cam", 88, 1))
+    # The next image is due ~30 ms after 88 ms (look-ahead): 12 ms before the sweep is optimal.
+    out = asm.push(sample("lidar", 100, 1))
+    assert len(out) == 1 and out[0].member("cam").skew_ns == -12 * MS  # type: ignore[union-attr]
+
+
+def test_a_camera_blackout_yields_flagged_partial_frames_not_a_stall() -> None:
+    frames, _, asm = run(generate(Scenario(duration_s=8, camera_blackout=(2.0, 2.0))))
+    during = [f for f in frames if 2.1e9 <= f.reference_stamp_ns - T0_NS < 3.9e9]
+    assert during and all("camera/front" in f.missing and not f.complete for f in during)
+    assert all(f.member("lidar/top") for f in during)  # the pipeline kept emitting
+    assert asm.stats.incomplete >= 18
+
+
+def test_incomplete_buckets_are_dropped_when_the_spec_says_drop() -> None:
+    doc = {
+        "bucket_width_ms": 100,
+        "bucket_offset_ms": 50,
+        "incomplete": "drop",
+        "streams": {
+            "lidar/top": {"role": "reference", "expected_period_ms": 100},
+            "camera/front": {"role": "required", "max_skew_ms": 25, "expected_period_ms": 33.3},
+        },
+    }
+    frames, other, asm = run(
+        generate(Scenario(duration_s=5, camera_blackout=(1.0, 1.0))), spec_from_dict(doc)
+    )
+    assert all(f.complete for f in frames)
+    assert sum(isinstance(e, DroppedBucket) for e in other) == asm.stats.dropped_incomplete >= 9
+
+
+def test_late_samples_are_counted_and_sent_to_the_side_stream() -> None:
+    frames, other, asm = run(generate(Scenario(duration_s=6, camera_delay_spike=(2.0, 1.0, 250 * MS))))
+    late = [e for e in other if isinstance(e, LateSample)]
+    assert late and all(e.sample.stream == "camera/front" for e in late)
+    assert asm.stats.late == len(late)
+    assert sum(f.late_count for f in frames) <= len(late)
+
+
+def test_late_panes_carry_late_samples_when_enabled() -> None:
+    doc = dict(__import__("yaml").safe_load((ROOT / "config" / "fusion.yaml").read_text())["fusion"])
+    doc["late_panes"] = True
+    _, other, _ = run(
+        generate(Scenario(duration_s=6, camera_delay_spike=(2.0, 1.0, 250 * MS))), spec_from_dict(doc)
+    )
+    panes = [e for e in other if isinstance(e, MultiModalFrame) and e.pane > 0]
+    assert panes and all(list(p.members) == ["camera/front"] for p in panes)
+
+
+def test_zero_header_stamps_fall_back_to_receive_time_with_a_flag() -> None:
+    frames, _, asm = run(generate(Scenario(duration_s=3, zero_stamps=("gps",))))
+    gps = [m for f in frames for m in f.members.get("gps", ())]
+    assert gps and all(m.stamp_fallback for m in gps)
+    assert asm.stats.stamp_fallbacks == sum(1 for s in generate(Scenario(duration_s=3)) if s.stream == "gps")
+
+
+def test_a_stamp_jump_backwards_is_reported_and_the_assembler_restarts() -> None:
+    first = generate(Scenario(duration_s=3))
+    again = generate(Scenario(duration_s=3, seed=2))  # the same clock again, like a looped bag
+    shifted = [
+        Sample(s.header._replace(seq=s.seq + 10_000), s.payload, s.receive_ns + 4_000_000_000) for s in again
+    ]
+    frames, other, _ = run(first + shifted)
+    jumps = [e for e in other if isinstance(e, StampJump)]
+    assert jumps and jumps[0].backwards
+    assert len([f for f in frames if f.member("lidar/top")]) == 60
+
+
+def test_the_same_input_gives_the_same_frames() -> None:
+    samples = generate(Scenario(duration_s=4, loss=0.05, seed=9))
+    a, _, _ = run(samples)
+    b, _, _ = run(samples)
+    key = lambda fs: [(f.bucket, {k: [m.sample.seq for m in v] for k, v in f.members.items()}) for f in fs]  # noqa: E731
+    assert key(a) == key(b)
+
+
+@settings(max_examples=25, deadline=None)
+@given(
+    seed=st.integers(0, 10_000),
+    loss=st.sampled_from([0.0, 0.05, 0.3]),
+    blackout=st.booleans(),
+    spike=st.booleans(),
+)
+def test_invariants_hold_under_loss_blackouts_and_delay_spikes(
+    seed: int, loss: float, blackout: bool, spike: bool
+) -> None:
+    sc = Scenario(
+        duration_s=3,
+        loss=loss,
+        seed=seed,
+        camera_blackout=(1.0, 0.5) if blackout else None,
+        camera_delay_spike=(0.5, 0.5, 200 * MS) if spike else None,
+    )
+    samples = generate(sc)
+    asm = Assembler(SPEC)
+    frames: list[MultiModalFrame] = []
+    peak = 0
+    for s in samples:
+        frames += [e for e in asm.push(s) if isinstance(e, MultiModalFrame) and e.pane == 0]
+        peak = max(peak, asm.buffered_samples)
+    frames += [e for e in asm.flush() if isinstance(e, MultiModalFrame)]
+    buckets = [f.bucket for f in frames]
+    assert buckets == sorted(buckets) and len(set(buckets)) == len(buckets)  # bucket order, once each
+    for stream in ("lidar/top", "imu"):  # single-use policies: no sample in two frames
+        used = Counter(
+            (m.sample.header.publisher_id, m.sample.seq) for f in frames for m in f.members.get(stream, ())
+        )
+        assert not used or max(used.values()) == 1
+    for f in frames:
+        cam = f.member("camera/front")
+        assert cam is None or abs(cam.skew_ns) <= 25 * MS  # the skew bound is never exceeded
+    assert peak < 200  # memory bounded by the time horizon (~350 ms of data), not the run length
+
+
+@pytest.mark.parametrize(
+    ("doc", "key"),
+    [
+        ({"streams": {"a": {"role": "required", "expected_period_ms": 10}}}, "exactly one stream"),
+        ({"streams": {"a": {"role": "boss", "expected_period_ms": 10}}}, "streams.a.role"),
+        ({"streams": {"a": {"role": "reference"}}}, "streams.a.expected_period_ms"),
+        ({"streams": {"a": {"role": "reference", "expected_period_ms": -1}}}, "expected_period_ms"),
+        (
+            {"streams": {"a": {"role": "reference", "expected_period_ms": 10, "pick": "all"}}},
+            "streams.a.pick",
+        ),
+        ({"streams": {"a": {"role": "reference", "expected_period_ms": 10, "colour": 1}}}, "unknown key"),
+        ({"bucket_width_ms": 100, "bucket_offset_ms": 100, "streams": {}}, "bucket_offset_ms"),
+        (
+            {"incomplete": "maybe", "streams": {"a": {"role": "reference", "expected_period_ms": 10}}},
+            "incomplete",
+        ),
+        ({"streams": {"bad name": {"role": "reference", "expected_period_ms": 10}}}, "invalid stream name"),
+    ],
+)
+def test_invalid_specs_are_rejected_naming_the_key(doc: dict[str, object], key: str) -> None:
+    with pytest.raises(SpecError, match=key):
+        spec_from_dict(doc)
+
+
+def test_interpolation_brackets_the_reference_stamp() -> None:
+    spec = spec_from_dict(
+        {
+            "bucket_width_ms": 100,
+            "bucket_offset_ms": 50,
+            "streams": {
+                "lidar": {"role": "reference", "expected_period_ms": 100},
+                "gps": {
+                    "role": "optional",
+                    "pick": "interpolate",
+                    "max_skew_ms": 150,
+                    "expected_period_ms": 200,
+                },
+            },
+        }
+    )
+    asm = Assembler(spec)
+    asm.push(sample("gps", 0, 1))
+    asm.push(sample("lidar", 100, 1))
+    (f,) = asm.push(sample("gps", 200, 2))
+    assert isinstance(f, MultiModalFrame)
+    assert [m.sample.seq for m in f.members["gps"]] == [1, 2]
+    assert f.interpolation["gps"] == pytest.approx(0.5)
