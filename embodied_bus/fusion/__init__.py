@@ -8,6 +8,7 @@ from embodied_bus.fusion.assembler import (
     LateSample,
     StampJump,
 )
+from embodied_bus.fusion.codec import FRAME_ENCODING, decode_frame, encode_frame, frame_summary
 from embodied_bus.fusion.frame import Member, MultiModalFrame
 from embodied_bus.fusion.spec import (
     FusionSpec,
@@ -21,6 +22,7 @@ from embodied_bus.fusion.spec import (
 )
 
 __all__ = [
+    "FRAME_ENCODING",
     "Assembler",
     "AssemblerStats",
     "DroppedBucket",
@@ -35,6 +37,9 @@ __all__ = [
     "SpecError",
     "StampJump",
     "StreamSpec",
+    "decode_frame",
+    "encode_frame",
+    "frame_summary",
     "load_spec",
     "spec_from_dict",
 ]
