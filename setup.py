@@ -29,6 +29,8 @@ setup(
     ],
     install_requires=[
         "eclipse-zenoh>=1.10,<2",
+        "pillow>=10",
+        "rosbags>=0.10",
         "numpy>=1.24",
         "pyyaml>=6",
     ],

@@ -1,0 +1,29 @@
+"""ROS message conversions (ROS-free, via rosbags) and, later, the rclpy nodes."""
+
+from embodied_bus.ros.conversions import (
+    ConversionError,
+    compressed_image_to_array,
+    decode_cdr,
+    image_to_array,
+    imu_to_array,
+    laserscan_to_points,
+    navsatfix_to_array,
+    pointcloud2_dtype,
+    pointcloud2_to_array,
+    sample_to_numpy,
+    typestore,
+)
+
+__all__ = [
+    "ConversionError",
+    "compressed_image_to_array",
+    "decode_cdr",
+    "image_to_array",
+    "imu_to_array",
+    "laserscan_to_points",
+    "navsatfix_to_array",
+    "pointcloud2_dtype",
+    "pointcloud2_to_array",
+    "sample_to_numpy",
+    "typestore",
+]

@@ -1,0 +1,212 @@
+"""ROS 2 messages to NumPy without rclpy: CDR decoded with rosbags' typestores.
+
+Every function takes a deserialized rosbags message (or, for :func:`sample_to_numpy`, a bus
+sample with a ``cdr:<type>`` encoding) and returns arrays that view the message buffers where
+the layout allows it.
+"""
+
+from __future__ import annotations
+
+import functools
+import io
+from typing import Any
+
+import numpy as np
+
+from embodied_bus.errors import EncodingError
+from embodied_bus.model.sample import Sample
+
+__all__ = [
+    "ConversionError",
+    "compressed_image_to_array",
+    "decode_cdr",
+    "image_to_array",
+    "imu_to_array",
+    "laserscan_to_points",
+    "navsatfix_to_array",
+    "pointcloud2_dtype",
+    "pointcloud2_to_array",
+    "sample_to_numpy",
+    "typestore",
+]
+
+
+class ConversionError(EncodingError):
+    """A message cannot be converted (unknown type, inconsistent sizes, bad encoding)."""
+
+
+#: sensor_msgs/PointField datatype -> numpy base type
+_POINTFIELD = {1: "i1", 2: "u1", 3: "i2", 4: "u2", 5: "i4", 6: "u4", 7: "f4", 8: "f8"}
+
+#: sensor_msgs/Image encoding -> (numpy dtype, channels)
+_IMAGE = {
+    "rgb8": ("u1", 3),
+    "bgr8": ("u1", 3),
+    "rgba8": ("u1", 4),
+    "bgra8": ("u1", 4),
+    "mono8": ("u1", 1),
+    "mono16": ("u2", 1),
+    "8UC1": ("u1", 1),
+    "8UC3": ("u1", 3),
+    "8UC4": ("u1", 4),
+    "16UC1": ("u2", 1),
+    "16SC1": ("i2", 1),
+    "32FC1": ("f4", 1),
+    "32SC1": ("i4", 1),
+    "64FC1": ("f8", 1),
+    "bayer_rggb8": ("u1", 1),
+    "bayer_bggr8": ("u1", 1),
+    "bayer_gbrg8": ("u1", 1),
+    "bayer_grbg8": ("u1", 1),
+    "yuv422": ("u1", 2),
+}
+
+
+@functools.cache
+def typestore(distro: str = "ROS2_JAZZY") -> Any:
+    """The rosbags typestore of a ROS distribution (cached)."""
+    from rosbags.typesys import Stores, get_typestore
+
+    return get_typestore(getattr(Stores, distro))
+
+
+def decode_cdr(payload: bytes | memoryview, typename: str, store: Any = None) -> Any:
+    """Deserialize CDR bytes into a rosbags message; ``uint8[]`` fields view the buffer.
+
+    Raises:
+        ConversionError: Unknown type or malformed CDR.
+    """
+    ts = store or typestore()
+    if typename not in ts.fielddefs:
+        raise ConversionError(f"unknown ROS message type {typename!r} (not in the typestore)")
+    try:
+        return ts.deserialize_cdr(payload, typename)
+    except Exception as err:  # rosbags raises several internal types on bad input
+        raise ConversionError(f"malformed CDR for {typename}: {type(err).__name__}: {err}") from err
+
+
+def pointcloud2_dtype(msg: Any) -> np.dtype[Any]:
+    """The structured dtype of a PointCloud2's points, for any field layout (padding kept)."""
+    names: list[str] = []
+    formats: list[Any] = []
+    offsets: list[int] = []
+    endian = ">" if msg.is_bigendian else "<"
+    for f in msg.fields:
+        base = _POINTFIELD.get(int(f.datatype))
+        if base is None:
+            raise ConversionError(f"PointField {f.name!r} has unknown datatype {f.datatype}")
+        if f.name in names:
+            continue  # duplicated names appear in some drivers; keep the first
+        fmt = endian + base if base not in ("i1", "u1") else base
+        names.append(f.name or f"_{len(names)}")
+        formats.append(fmt if int(f.count) <= 1 else (fmt, (int(f.count),)))
+        offsets.append(int(f.offset))
+    try:
+        return np.dtype(
+            {"names": names, "formats": formats, "offsets": offsets, "itemsize": int(msg.point_step)}
+        )
+    except ValueError as err:
+        raise ConversionError(f"PointCloud2 fields do not fit point_step {msg.point_step}: {err}") from err
+
+
+def pointcloud2_to_array(msg: Any) -> np.ndarray[Any, Any]:
+    """PointCloud2 → structured array of shape (height, width) (or (width,) if height is 1).
+
+    Zero-copy when rows are not padded.
+    """
+    dtype = pointcloud2_dtype(msg)
+    h, w = int(msg.height), int(msg.width)
+    step, row = int(msg.point_step), int(msg.row_step)
+    data = np.asarray(msg.data, dtype=np.uint8)
+    if row < w * step or data.size < h * row:
+        raise ConversionError(
+            f"PointCloud2 data ({data.size} B) too small for {h}x{w} points of {step} B (row_step {row})"
+        )
+    if row == w * step:
+        arr = np.frombuffer(data, dtype=dtype, count=h * w)
+    else:
+        rows = data[: h * row].reshape(h, row)[:, : w * step]
+        arr = np.ascontiguousarray(rows).view(dtype).reshape(-1)
+    return arr if h == 1 else arr.reshape(h, w)
+
+
+def image_to_array(msg: Any) -> np.ndarray[Any, Any]:
+    """sensor_msgs/Image → HxWxC array (C = 1 kept), viewing the data when rows are unpadded."""
+    enc = str(msg.encoding)
+    if enc not in _IMAGE:
+        raise ConversionError(f"unsupported image encoding {enc!r}")
+    base, ch = _IMAGE[enc]
+    dt = np.dtype(base).newbyteorder(">" if msg.is_bigendian else "<")
+    h, w, step = int(msg.height), int(msg.width), int(msg.step)
+    data = np.asarray(msg.data, dtype=np.uint8)
+    row = w * ch * dt.itemsize
+    if step < row or data.size < h * step:
+        raise ConversionError(f"image data ({data.size} B) too small for {h}x{w} {enc} (step {step})")
+    rows = data[: h * step].reshape(h, step)[:, :row]
+    if step != row:
+        rows = np.ascontiguousarray(rows)
+    return rows.view(dt).reshape(h, w, ch)
+
+
+def compressed_image_to_array(msg_or_bytes: Any) -> np.ndarray[Any, Any]:
+    """sensor_msgs/CompressedImage (JPEG, PNG) or raw compressed bytes → HxWxC uint8 array."""
+    from PIL import Image, UnidentifiedImageError
+
+    data = msg_or_bytes if isinstance(msg_or_bytes, (bytes, bytearray, memoryview)) else msg_or_bytes.data
+    try:
+        with Image.open(io.BytesIO(bytes(data))) as img:
+            arr = np.asarray(img)
+    except (UnidentifiedImageError, OSError, ValueError) as err:
+        raise ConversionError(f"cannot decode compressed image: {err}") from err
+    return arr if arr.ndim == 3 else arr[:, :, None]
+
+
+def navsatfix_to_array(msg: Any) -> np.ndarray[Any, Any]:
+    """sensor_msgs/NavSatFix → [latitude_deg, longitude_deg, altitude_m, status]."""
+    return np.array([msg.latitude, msg.longitude, msg.altitude, msg.status.status], dtype=np.float64)
+
+
+def imu_to_array(msg: Any) -> np.ndarray[Any, Any]:
+    """sensor_msgs/Imu → [qx, qy, qz, qw, wx, wy, wz, ax, ay, az] (rad/s, m/s^2)."""
+    o, w, a = msg.orientation, msg.angular_velocity, msg.linear_acceleration
+    return np.array([o.x, o.y, o.z, o.w, w.x, w.y, w.z, a.x, a.y, a.z], dtype=np.float64)
+
+
+def laserscan_to_points(msg: Any) -> np.ndarray[Any, Any]:
+    """sensor_msgs/LaserScan → Nx2 float32 points (x, y in m) of the finite in-range beams."""
+    ranges = np.asarray(msg.ranges, dtype=np.float32)
+    angles = float(msg.angle_min) + np.arange(ranges.size, dtype=np.float32) * float(msg.angle_increment)
+    ok = np.isfinite(ranges) & (ranges >= float(msg.range_min)) & (ranges <= float(msg.range_max))
+    r, a = ranges[ok], angles[ok]
+    return np.stack([r * np.cos(a), r * np.sin(a)], axis=1).astype(np.float32)
+
+
+_CONVERTERS = {
+    "sensor_msgs/msg/PointCloud2": pointcloud2_to_array,
+    "sensor_msgs/msg/Image": image_to_array,
+    "sensor_msgs/msg/CompressedImage": compressed_image_to_array,
+    "sensor_msgs/msg/NavSatFix": navsatfix_to_array,
+    "sensor_msgs/msg/Imu": imu_to_array,
+    "sensor_msgs/msg/LaserScan": laserscan_to_points,
+}
+
+
+def sample_to_numpy(sample: Sample) -> np.ndarray[Any, Any]:
+    """Convert a sample by its encoding: ``cdr:<type>`` of a known sensor type, ``npy``,
+    ``jpeg``/``png``.
+
+    Raises:
+        ConversionError: The encoding or type has no converter, or the payload is malformed.
+    """
+    enc = sample.header.encoding
+    if enc == "npy":
+        return sample.as_array()
+    if enc in ("jpeg", "png"):
+        return compressed_image_to_array(sample.payload)
+    if enc.startswith("cdr:"):
+        typename = enc[4:]
+        conv = _CONVERTERS.get(typename)
+        if conv is None:
+            raise ConversionError(f"no NumPy conversion for {typename!r}")
+        return conv(decode_cdr(sample.payload, typename))
+    raise ConversionError(f"no NumPy conversion for encoding {enc!r}")
