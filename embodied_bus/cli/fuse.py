@@ -26,6 +26,12 @@ def add_parser(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-ar
     p.add_argument("--frames-out", metavar="FILE", help="write one JSON line per frame")
     p.add_argument("--duration", type=float, default=0.0, help="stop after S seconds (0 = Ctrl-C)")
     p.add_argument("--json", action="store_true", help="print the final summary as JSON")
+    p.add_argument(
+        "--ring",
+        action="store_true",
+        help="scale out: share buckets with other workers of the same spec (Zenoh)",
+    )
+    p.add_argument("--worker-id", default=None, help="ring member id (default: random)")
     p.set_defaults(func=run)
 
 
@@ -41,9 +47,10 @@ async def run(args: argparse.Namespace) -> int:
 
     try:
         async with open_bus(args.bus, namespace=args.ns) as bus:
-            worker = FusionWorker(bus, spec, on_frame=on_frame)
+            worker = FusionWorker(bus, spec, on_frame=on_frame, ring=args.ring, worker_id=args.worker_id)
             task = asyncio.create_task(worker.run(stop))
             t0 = time.monotonic()
+            await worker.ready.wait()
             if not args.json:
                 print(
                     f"fusing {', '.join(s.name for s in spec.streams)} -> {frames_stream(spec)} "

@@ -14,7 +14,15 @@ from typing import Protocol
 from embodied_bus.model.qos import PublisherOptions, SubscriptionOptions
 from embodied_bus.model.wire import Header
 
-__all__ = ["AckFn", "Engine", "EnginePublisher", "EngineSubscriber", "MessageSink"]
+__all__ = [
+    "AckFn",
+    "Engine",
+    "EnginePublisher",
+    "EngineSubscriber",
+    "GroupMembership",
+    "MembershipCallback",
+    "MessageSink",
+]
 
 #: Acknowledges one delivered message to the engine (no-op where the engine has no acks).
 AckFn = Callable[[], None]
@@ -81,6 +89,26 @@ class EngineSubscriber(abc.ABC):
         """Stop delivering and release engine resources."""
 
 
+class GroupMembership(abc.ABC):
+    """A live view of a named group's members, and this process's own membership in it."""
+
+    @abc.abstractmethod
+    def members(self) -> dict[str, str]:
+        """Live members: member id -> the value it announced."""
+
+    @abc.abstractmethod
+    async def announce(self, member: str, value: str) -> None:
+        """Join the group as ``member`` with ``value`` (others see it while this session lives)."""
+
+    @abc.abstractmethod
+    async def leave(self) -> None:
+        """Withdraw this member (others see it leave) and stop watching."""
+
+
+#: Called from engine threads with (member id, value, joined) on each membership change.
+MembershipCallback = Callable[[str, str, bool], None]
+
+
 class Engine(abc.ABC):
     """A connected engine session."""
 
@@ -96,6 +124,16 @@ class Engine(abc.ABC):
         self, stream: str | None, sink: MessageSink, options: SubscriptionOptions
     ) -> EngineSubscriber:
         """Subscribe to one stream, or to every stream of the namespace if ``stream`` is None."""
+
+    async def watch_group(self, group: str, on_change: MembershipCallback) -> GroupMembership:
+        """Watch a group whose members see each other's liveness (Zenoh liveliness tokens);
+        call :meth:`GroupMembership.announce` to join it. A member that crashes leaves the
+        group when its session is lost.
+
+        Raises:
+            NotImplementedError: The engine has no liveliness (Pulsar: use Key_Shared instead).
+        """
+        raise NotImplementedError(f"the {self.name} engine has no group membership")
 
     @abc.abstractmethod
     async def close(self) -> None:

@@ -15,7 +15,14 @@ from typing import Any
 
 import zenoh
 
-from embodied_bus.engines.base import Engine, EnginePublisher, EngineSubscriber, MessageSink
+from embodied_bus.engines.base import (
+    Engine,
+    EnginePublisher,
+    EngineSubscriber,
+    GroupMembership,
+    MembershipCallback,
+    MessageSink,
+)
 from embodied_bus.engines.urls import ZenohSettings
 from embodied_bus.errors import (
     BusClosedError,
@@ -285,6 +292,53 @@ class _ZenohSubscriber(EngineSubscriber):
                 pass
 
 
+class _ZenohGroup(GroupMembership):
+    """Membership through liveliness tokens ``eb/<ns>/@group/<group>/<member>/<value>``."""
+
+    def __init__(self, engine: ZenohEngine, group: str, on_change: MembershipCallback) -> None:
+        self._engine = engine
+        self._prefix = prefix = f"eb/{engine.settings.namespace}/@group/{group}"
+        self._members: dict[str, str] = {}
+        self._lock = threading.Lock()
+        self._token: Any = None
+        n = len(prefix.split("/"))
+
+        def on_token(sample: zenoh.Sample) -> None:
+            parts = str(sample.key_expr).split("/")
+            if len(parts) != n + 2:
+                return
+            mid, val = parts[n], parts[n + 1]
+            joined = sample.kind == zenoh.SampleKind.PUT
+            with self._lock:
+                if joined:
+                    self._members[mid] = val
+                elif self._members.get(mid) == val:
+                    del self._members[mid]
+                else:
+                    return
+            on_change(mid, val, joined)
+
+        self._sub = engine.session.liveliness().declare_subscriber(f"{prefix}/**", on_token, history=True)
+
+    def members(self) -> dict[str, str]:
+        with self._lock:
+            return dict(self._members)
+
+    async def announce(self, member: str, value: str) -> None:
+        for what, v in (("member", member), ("value", value)):
+            if not v or any(c in v for c in "/*$#?@"):
+                raise BusConfigError(f"invalid group {what} {v!r}")
+        self._token = self._engine.session.liveliness().declare_token(f"{self._prefix}/{member}/{value}")
+
+    async def leave(self) -> None:
+        try:
+            if self._token is not None:
+                self._token.undeclare()
+            self._sub.undeclare()  # type: ignore[no-untyped-call]
+        except zenoh.ZError:
+            pass
+
+
 class ZenohEngine(Engine):
     """A Zenoh session used as a bus engine.
 
@@ -341,6 +395,12 @@ class ZenohEngine(Engine):
     ) -> EngineSubscriber:
         self._check()
         return _ZenohSubscriber(self, self.key(stream), sink)
+
+    async def watch_group(self, group: str, on_change: MembershipCallback) -> GroupMembership:
+        self._check()
+        if not group or any(c in group for c in "*$#?@"):
+            raise BusConfigError(f"invalid group name {group!r}")
+        return _ZenohGroup(self, group, on_change)
 
     async def close(self) -> None:
         if not self._closed:

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections import deque
+from collections import OrderedDict, deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -20,6 +20,7 @@ from embodied_bus.bus import Bus
 from embodied_bus.fusion.assembler import Assembler, DroppedBucket, Event, LateSample, StampJump
 from embodied_bus.fusion.codec import FRAME_ENCODING, encode_frame
 from embodied_bus.fusion.frame import MultiModalFrame
+from embodied_bus.fusion.ownership import ZenohRing
 from embodied_bus.fusion.spec import FusionSpec
 from embodied_bus.model.qos import Backpressure, PublisherOptions, SubscriptionOptions
 from embodied_bus.model.sample import Sample
@@ -32,6 +33,8 @@ __all__ = ["DEFAULT_IDLE_FLUSH_S", "FusionMetrics", "FusionWorker", "frames_stre
 #: With no input for this long, open buckets are flushed (end of a recording, sensors down).
 DEFAULT_IDLE_FLUSH_S = 1.0
 _WINDOW = 4096
+#: Recent buckets remembered for ring bookkeeping.
+_RECENT = 512
 
 
 def frames_stream(spec: FusionSpec) -> str:
@@ -101,9 +104,15 @@ class FusionWorker:
     Args:
         bus: An open bus.
         spec: The fusion spec.
-        on_frame: Called with each frame and its emit time (ns), e.g. to write JSON lines.
+        on_frame: Called with each published frame and its emit time (ns), e.g. to write JSON
+            lines.
         capacity: Buffer of each input subscription (lossless ``block`` policy).
         idle_flush_s: Flush open buckets after this long without input.
+        ring: Scale out over a Zenoh ownership ring (see :mod:`embodied_bus.fusion.ownership`):
+            several workers with the same spec share the buckets, each published exactly once.
+        worker_id: Ring member id (default: random).
+        join_margin_buckets: A worker joining a running ring owns buckets from its current
+            bucket plus this many (default: the lateness bound in buckets + 3).
     """
 
     def __init__(
@@ -114,6 +123,9 @@ class FusionWorker:
         on_frame: Callable[[MultiModalFrame, int], None] | None = None,
         capacity: int = 4096,
         idle_flush_s: float = DEFAULT_IDLE_FLUSH_S,
+        ring: bool = False,
+        worker_id: str | None = None,
+        join_margin_buckets: int | None = None,
     ) -> None:
         self.bus = bus
         self.spec = spec
@@ -127,22 +139,63 @@ class FusionWorker:
         self._late_pub: Publisher | None = None
         self._last_input = time.monotonic()
         self.ready = asyncio.Event()
+        self._use_ring = ring
+        self._worker_id = worker_id
+        self._margin = (
+            join_margin_buckets
+            if join_margin_buckets is not None
+            else -(-spec.lateness_ns // spec.clock.width_ns) + 3
+        )
+        self.ring: ZenohRing | None = None
+        self._joining = False
+        #: Buckets whose frame some worker of the ring published (recent, bounded).
+        self._published: OrderedDict[int, None] = OrderedDict()
+        #: Frames this worker assembled but another member owned (for takeover).
+        self._held: OrderedDict[int, MultiModalFrame] = OrderedDict()
+        #: Frames not published because another worker already had.
+        self.skipped = 0
+        #: Frames published on behalf of a worker that left.
+        self.taken_over = 0
+
+    def _mark_published(self, bucket: int) -> None:
+        self._published[bucket] = None
+        self._published.move_to_end(bucket)
+        while len(self._published) > _RECENT:
+            self._published.popitem(last=False)
+
+    async def _publish_frame(self, frame: MultiModalFrame) -> None:
+        now = time.time_ns()
+        if frame.pane == 0:
+            self.metrics.record(frame, now)
+            self._mark_published(frame.bucket)
+        assert self._frames_pub is not None
+        await self._frames_pub.publish(encode_frame(frame), stamp_ns=frame.reference_stamp_ns)
+        if self._on_frame is not None:
+            self._on_frame(frame, now)
 
     async def _handle(self, events: list[Event]) -> None:
+        ring = self.ring
         for ev in events:
             if isinstance(ev, MultiModalFrame):
-                now = time.time_ns()
-                if ev.pane == 0:
-                    self.metrics.record(ev, now)
-                assert self._frames_pub is not None
-                await self._frames_pub.publish(encode_frame(ev), stamp_ns=ev.reference_stamp_ns)
-                if self._on_frame is not None:
-                    self._on_frame(ev, now)
+                if ring is not None:
+                    if ev.pane == 0 and ev.bucket in self._published:
+                        self.skipped += 1
+                        continue
+                    if not ring.owns(ev.bucket):
+                        if ev.pane == 0:
+                            self._held[ev.bucket] = ev
+                            while len(self._held) > _RECENT:
+                                self._held.popitem(last=False)
+                        continue
+                await self._publish_frame(ev)
             elif isinstance(ev, LateSample):
+                if ring is not None and not ring.owns(ev.bucket):
+                    continue
                 self.metrics.late += 1
                 assert self._late_pub is not None
+                payload = ev.sample.payload
                 await self._late_pub.publish(
-                    ev.sample.payload if isinstance(ev.sample.payload, bytes) else bytes(ev.sample.payload),
+                    payload if isinstance(payload, bytes) else bytes(payload),
                     stamp_ns=ev.sample.stamp_ns,
                     encoding=ev.sample.header.encoding,
                     frame_id=ev.sample.header.frame_id,
@@ -155,11 +208,31 @@ class FusionWorker:
     async def push(self, sample: Sample) -> None:
         """Feed one sample (the subscriptions call this; tests and replay may too)."""
         self._last_input = time.monotonic()
-        await self._handle(self.assembler.push(sample))
+        events = self.assembler.push(sample)
+        ring = self.ring
+        if ring is not None and not self._joining and ring.joined_from is None and not ring.joined:
+            # Joining a running ring: own buckets from a little ahead of the current event time.
+            self._joining = True
+            await ring.join(self.spec.clock.bucket_of(sample.stamp_ns) + self._margin)
+        await self._handle(events)
 
     async def _pump(self, sub: Subscription) -> None:
         async for sample in sub:
             await self.push(sample)
+
+    async def _track_published(self, sub: Subscription) -> None:
+        async for sample in sub:
+            self._mark_published(sample.bucket)
+
+    async def _take_over(self) -> None:
+        assert self.ring is not None
+        while True:
+            await self.ring.departures.get()
+            for bucket, frame in list(self._held.items()):
+                if bucket not in self._published and self.ring.owns(bucket):
+                    del self._held[bucket]
+                    self.taken_over += 1
+                    await self._publish_frame(frame)
 
     async def run(self, stop: asyncio.Event) -> None:
         """Subscribe, fuse until ``stop`` is set, flush and publish what is left."""
@@ -177,8 +250,17 @@ class FusionWorker:
             clock=clock,
             options=PublisherOptions(backpressure=Backpressure.BLOCK),
         )
-        self._subs = [await self.bus.subscribe(s.name, options=opts) for s in self.spec.streams]
-        pumps = [asyncio.create_task(self._pump(s)) for s in self._subs]
+        tasks: list[asyncio.Task[None]] = []
+        if self._use_ring:
+            self.ring = ZenohRing(self.bus, self.spec.name, self._worker_id)
+            frames_sub = await self.bus.subscribe(frames_stream(self.spec), options=opts)
+            self._subs.append(frames_sub)
+            tasks.append(asyncio.create_task(self._track_published(frames_sub)))
+            tasks.append(asyncio.create_task(self._take_over()))
+            if not await self.ring.watch():
+                await self.ring.join(None)  # first worker: own everything from the start
+        self._subs += [await self.bus.subscribe(s.name, options=opts) for s in self.spec.streams]
+        tasks += [asyncio.create_task(self._pump(s)) for s in self._subs[1 if self._use_ring else 0 :]]
         self.ready.set()
         try:
             while not stop.is_set():
@@ -186,25 +268,27 @@ class FusionWorker:
                     await asyncio.wait_for(stop.wait(), self._idle_flush_s / 2)
                 except TimeoutError:
                     pass
-                for t in pumps:
-                    if t.done() and t.exception() is not None:
+                for t in tasks:
+                    if t.done() and not t.cancelled() and t.exception() is not None:
                         raise t.exception()  # type: ignore[misc]
                 if self.assembler.open_buckets and time.monotonic() - self._last_input > self._idle_flush_s:
                     await self._handle(self.assembler.flush())
         finally:
             for s in self._subs:
                 await s.close()
-            for t in pumps:
+            for t in tasks:
                 t.cancel()
-            await asyncio.gather(*pumps, return_exceptions=True)
+            await asyncio.gather(*tasks, return_exceptions=True)
             await self._handle(self.assembler.flush())
+            if self.ring is not None:
+                await self.ring.leave()
             await self._frames_pub.flush()
             await self._late_pub.flush()
 
     def summary(self) -> dict[str, Any]:
         """Metrics plus assembler counters."""
         s = self.assembler.stats
-        return {
+        out = {
             **self.metrics.as_dict(),
             "samples": s.samples,
             "duplicates": s.duplicates,
@@ -212,3 +296,6 @@ class FusionWorker:
             "unused": s.unused,
             "forced": s.forced,
         }
+        if self.ring is not None:
+            out.update(worker=self.ring.worker_id, skipped=self.skipped, taken_over=self.taken_over)
+        return out

@@ -1,0 +1,117 @@
+"""Which fusion worker publishes which bucket.
+
+Zenoh (:class:`ZenohRing`): every worker receives every sample and assembles every bucket, and
+exactly one, the owner, publishes each frame. Owners come from rendezvous hashing over the live
+members of a liveliness group. A member joins *from* a future bucket it announces in its token
+(current event time + a margin), so the others learn of it before ownership changes and no
+bucket is published twice. When a member dies, the survivors publish the frames it owned but
+had not published (they watch the frames stream), so no bucket is lost.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import uuid
+from collections.abc import Mapping
+
+from embodied_bus.bus import Bus
+from embodied_bus.engines.base import GroupMembership
+
+__all__ = ["COLD_START", "ZenohRing", "rendezvous_owner"]
+
+#: Announced by workers that start before any data flows and find no other member.
+COLD_START = "min"
+
+
+def _score(member: str, bucket: int) -> int:
+    return int.from_bytes(hashlib.blake2b(f"{member}:{bucket}".encode(), digest_size=8).digest(), "big")
+
+
+def rendezvous_owner(bucket: int, members: Mapping[str, int | None]) -> str | None:
+    """Owner of a bucket among members (member id -> first bucket it may own, None = any).
+
+    Highest-random-weight hashing: adding or removing a member moves only the buckets it wins
+    or held. Deterministic on every worker with the same member view.
+    """
+    best: tuple[int, str] | None = None
+    for m, start in members.items():
+        if start is not None and start > bucket:
+            continue
+        cand = (_score(m, bucket), m)
+        if best is None or cand > best:
+            best = cand
+    return None if best is None else best[1]
+
+
+class ZenohRing:
+    """Bucket ownership over a Zenoh liveliness group of fusion workers.
+
+    Args:
+        bus: The worker's bus (Zenoh engine).
+        group: Group name (the fusion pipeline's name).
+        worker_id: This worker's id (default: random).
+    """
+
+    def __init__(self, bus: Bus, group: str, worker_id: str | None = None) -> None:
+        self.bus = bus
+        self.group = group
+        self.worker_id = worker_id or uuid.uuid4().hex[:12]
+        self._handle: GroupMembership | None = None
+        self._members: dict[str, int | None] = {}
+        self.departures: asyncio.Queue[str] = asyncio.Queue()
+        self.joined_from: int | None = None
+        self._joined = False
+        self._loop = asyncio.get_running_loop()
+
+    def _on_change(self, member: str, value: str, joined: bool) -> None:
+        start = None if value == COLD_START else int(value)
+        if joined:
+            self._loop.call_soon_threadsafe(self._members.__setitem__, member, start)
+        else:
+            self._loop.call_soon_threadsafe(self._depart, member)
+
+    def _depart(self, member: str) -> None:
+        self._members.pop(member, None)
+        self.departures.put_nowait(member)
+
+    async def watch(self, settle_s: float = 0.3) -> list[str]:
+        """Start watching the group; return the members seen after ``settle_s`` seconds."""
+        if self._handle is None:
+            self._handle = await self.bus.engine.watch_group(self.group, self._on_change)
+        await asyncio.sleep(settle_s)
+        return [m for m in self._members if m != self.worker_id]
+
+    async def join(self, from_bucket: int | None) -> None:
+        """Announce this worker, owning buckets from ``from_bucket`` on (None: from the start)."""
+        if self._handle is None:
+            await self.watch(0.0)
+        assert self._handle is not None
+        self.joined_from = from_bucket
+        await self._handle.announce(self.worker_id, COLD_START if from_bucket is None else str(from_bucket))
+        self._members[self.worker_id] = from_bucket
+        self._joined = True
+
+    @property
+    def joined(self) -> bool:
+        """Whether this worker announced itself."""
+        return self._joined
+
+    def members(self) -> dict[str, int | None]:
+        """Live workers and the bucket each owns from."""
+        return dict(self._members)
+
+    def owner(self, bucket: int) -> str | None:
+        """The worker that publishes ``bucket``."""
+        return rendezvous_owner(bucket, self.members())
+
+    def owns(self, bucket: int) -> bool:
+        """Whether this worker publishes ``bucket``."""
+        return self._joined and self.owner(bucket) == self.worker_id
+
+    async def leave(self) -> None:
+        """Leave the group (others take over from then on)."""
+        if self._handle is not None:
+            await self._handle.leave()
+        self._handle = None
+        self._joined = False
