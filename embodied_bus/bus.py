@@ -3,12 +3,12 @@
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Generator
+from collections.abc import Generator, Sequence
 from typing import Any
 
 from embodied_bus.engines import Engine, open_engine, parse_bus_url
 from embodied_bus.engines.urls import DEFAULT_URL, PulsarSettings, ZenohSettings
-from embodied_bus.errors import BusClosedError
+from embodied_bus.errors import BusClosedError, BusConfigError
 from embodied_bus.model.clock import BucketClock
 from embodied_bus.model.encoding import ENCODING_RAW
 from embodied_bus.model.qos import PublisherOptions, SubscriptionOptions
@@ -78,15 +78,26 @@ class Bus:
         return pub
 
     async def subscribe(
-        self, stream: str | None = None, *, options: SubscriptionOptions | None = None
+        self,
+        stream: str | Sequence[str] | None = None,
+        *,
+        options: SubscriptionOptions | None = None,
     ) -> Subscription:
-        """Subscribe to a stream, or to every stream of the namespace (``stream=None``)."""
+        """Subscribe to a stream, to several streams in one subscription (e.g. every input of
+        a fusion worker), or to every stream of the namespace (``stream=None``)."""
         self._check()
-        if stream is not None:
-            validate_stream_name(stream)
+        target: str | tuple[str, ...] | None
+        if stream is None or isinstance(stream, str):
+            target = stream
+        else:
+            target = tuple(stream)
+            if not target:
+                raise BusConfigError("subscribe() needs at least one stream name")
+        for name in [target] if isinstance(target, str) else (target or ()):
+            validate_stream_name(name)
         opts = options or SubscriptionOptions()
-        sub = Subscription(stream, opts, asyncio.get_running_loop())
-        sub._attach(await self.engine.create_subscriber(stream, sub, opts))
+        sub = Subscription(target, opts, asyncio.get_running_loop())
+        sub._attach(await self.engine.create_subscriber(target, sub, opts))
         self._subscriptions.append(sub)
         return sub
 

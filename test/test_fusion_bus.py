@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import time
 from pathlib import Path
 
@@ -18,11 +19,13 @@ from conftest import BusPair
 
 ROOT = Path(__file__).resolve().parents[1]
 SPEC = load_spec(ROOT / "config" / "fusion.yaml")
+# Engine latency on a loaded 2-core machine: give the end-to-end test a generous lateness bound.
+RELAXED = dataclasses.replace(SPEC, lateness_ns=1_000_000_000)
 
 
 async def test_a_fusion_worker_publishes_one_frame_per_sweep(bus_pair: BusPair) -> None:
     samples = generate(Scenario(duration_s=3))
-    worker = FusionWorker(bus_pair.subscriber_bus, SPEC, idle_flush_s=0.5)
+    worker = FusionWorker(bus_pair.subscriber_bus, RELAXED, idle_flush_s=0.5)
     stop = asyncio.Event()
     frames_sub = await bus_pair.publisher_bus.subscribe(
         frames_stream(SPEC), options=SubscriptionOptions(capacity=1000, backpressure=Backpressure.BLOCK)

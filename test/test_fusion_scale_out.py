@@ -11,6 +11,9 @@ import sys
 import time
 from pathlib import Path
 
+import pytest
+import yaml
+
 from embodied_bus import Backpressure, PublisherOptions, SubscriptionOptions, open_bus
 from embodied_bus.fusion import decode_frame, load_spec
 from embodied_bus.fusion.ownership import rendezvous_owner
@@ -35,7 +38,7 @@ def test_rendezvous_ownership_moves_only_the_buckets_of_a_joining_member() -> No
     assert {rendezvous_owner(b, {"a": None}) for b in range(50)} == {"a"}
 
 
-def _worker(port: int, ns: str, wid: str) -> subprocess.Popen[str]:
+def _worker(url: str, ns: str, wid: str, mode: str, config: Path = CONFIG) -> subprocess.Popen[str]:
     return subprocess.Popen(
         [
             sys.executable,
@@ -43,12 +46,13 @@ def _worker(port: int, ns: str, wid: str) -> subprocess.Popen[str]:
             "embodied_bus.cli.main",
             "fuse",
             "--config",
-            str(CONFIG),
+            str(config),
             "--bus",
-            f"zenoh://127.0.0.1:{port}",
+            url,
             "--ns",
             ns,
-            "--ring",
+            "--scale-out",
+            mode,
             "--worker-id",
             wid,
             "--json",
@@ -59,11 +63,26 @@ def _worker(port: int, ns: str, wid: str) -> subprocess.Popen[str]:
     )
 
 
-async def test_three_ring_workers_publish_every_bucket_once_through_join_and_kill() -> None:
-    port = free_port()
-    ns = f"ring{os.getpid()}"
+@pytest.mark.parametrize("engine_name", ["zenoh", "pulsar"])
+async def test_three_workers_publish_every_bucket_once_through_join_and_kill(
+    engine_name: str, request: pytest.FixtureRequest, tmp_path: Path
+) -> None:
+    """Zenoh: ownership ring. Pulsar: Key_Shared STICKY slots, acks after the frame."""
+    # Three Python workers, a Java broker and this test share two cores: allow 1 s of lateness
+    # so scheduling hiccups do not turn into late samples.
+    doc = yaml.safe_load(CONFIG.read_text())
+    doc["fusion"]["lateness_ms"] = 1000
+    config = tmp_path / "fusion.yaml"
+    config.write_text(yaml.safe_dump(doc))
+    ns = f"scale{engine_name}{os.getpid()}"
+    if engine_name == "zenoh":
+        port = free_port()
+        hub_url, worker_url, mode = f"zenoh:?listen=tcp/127.0.0.1:{port}", f"zenoh://127.0.0.1:{port}", "ring"
+    else:
+        hub_url = worker_url = request.getfixturevalue("pulsar_url")
+        mode = "key-shared"
     samples = generate(Scenario(duration_s=8))
-    async with open_bus(f"zenoh:?listen=tcp/127.0.0.1:{port}", namespace=ns) as hub:
+    async with open_bus(hub_url, namespace=ns) as hub:
         frames_sub = await hub.subscribe(
             frames_stream(SPEC), options=SubscriptionOptions(capacity=10_000, backpressure=Backpressure.BLOCK)
         )
@@ -71,26 +90,28 @@ async def test_three_ring_workers_publish_every_bucket_once_through_join_and_kil
         watch = await hub.engine.watch_group(
             SPEC.name, lambda m, v, j: members.update({m: v}) if j else members.pop(m, None)
         )
-        w1, w2 = _worker(port, ns, "w1"), _worker(port, ns, "w2")
+        w1, w2 = _worker(worker_url, ns, "w1", mode, config), _worker(worker_url, ns, "w2", mode, config)
         w3 = None
         try:
             deadline = time.monotonic() + 30
-            while len(members) < 1:
+            while len(members) < (1 if engine_name == "zenoh" else 2):
                 assert time.monotonic() < deadline, "workers did not come up"
                 await asyncio.sleep(0.05)
-            pubs = {
-                name: await hub.publisher(name, options=PublisherOptions(backpressure=Backpressure.BLOCK))
+            pubs = {  # the bucket key must follow the fusion clock for Key_Shared routing
+                name: await hub.publisher(
+                    name, clock=SPEC.clock, options=PublisherOptions(backpressure=Backpressure.BLOCK)
+                )
                 for name in ("lidar/top", "camera/front", "gps", "imu")
             }
             for p in pubs.values():
                 assert await p.wait_for_subscribers(20)
-            await asyncio.sleep(1.0)  # let both cold-started workers settle
+            await asyncio.sleep(1.5)  # let both cold-started workers deal out the buckets
             t_wall = time.monotonic()
             t_first = samples[0].receive_ns
             for s in samples:  # 2x real time: 8 s of data in 4 s
                 elapsed = time.monotonic() - t_wall
                 if w3 is None and elapsed > 1.0:
-                    w3 = _worker(port, ns, "w3")  # joins mid-stream
+                    w3 = _worker(worker_url, ns, "w3", mode, config)  # joins mid-stream
                 if w2.poll() is None and elapsed > 2.5:
                     w2.send_signal(signal.SIGKILL)  # dies mid-stream
                 delay = t_wall + (s.receive_ns - t_first) / 2e9 - time.monotonic()
@@ -113,9 +134,16 @@ async def test_three_ring_workers_publish_every_bucket_once_through_join_and_kil
             await watch.leave()
     buckets = [f.bucket for f in frames]
     assert len(buckets) == len(set(buckets)), "a bucket was published twice"
-    with_lidar = sorted(f.bucket for f in frames if f.member("lidar/top"))
-    assert len(with_lidar) == sweeps, (
-        f"lost buckets: {sweeps - len(with_lidar)}; stderr: {[o[1][-500:] for o in outs]}"
-    )
-    assert sum(f.complete for f in frames if f.member("lidar/top")) >= sweeps - 3
+    expected = {SPEC.clock.bucket_of(s.stamp_ns) for s in samples if s.stream == "lidar/top"}
+    assert expected <= set(buckets), f"lost buckets {sorted(expected - set(buckets))}"
+    with_lidar = [f for f in frames if f.member("lidar/top")]
+    complete = sum(f.complete for f in with_lidar)
+    if engine_name == "zenoh":
+        # Every worker sees every sample: handover never splits a bucket.
+        assert len(with_lidar) == sweeps and complete >= sweeps - 3
+    else:
+        # Key_Shared: while slots are re-dealt, a bucket's samples can reach the new owner
+        # from redeliveries and fresh sends in any order; rarely one goes out partial (the
+        # stragglers are counted late). See the fusion docs.
+        assert len(with_lidar) >= 0.9 * sweeps and complete >= 0.9 * sweeps
     assert "w3" in owners_seen or '"worker": "w3"' in outs[2][0]

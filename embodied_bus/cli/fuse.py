@@ -27,9 +27,11 @@ def add_parser(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-ar
     p.add_argument("--duration", type=float, default=0.0, help="stop after S seconds (0 = Ctrl-C)")
     p.add_argument("--json", action="store_true", help="print the final summary as JSON")
     p.add_argument(
-        "--ring",
-        action="store_true",
-        help="scale out: share buckets with other workers of the same spec (Zenoh)",
+        "--scale-out",
+        choices=["ring", "key-shared"],
+        default=None,
+        help="share buckets with other workers of the same spec: ring (Zenoh ownership ring) "
+        "or key-shared (Pulsar Key_Shared slots)",
     )
     p.add_argument("--worker-id", default=None, help="ring member id (default: random)")
     p.set_defaults(func=run)
@@ -47,7 +49,9 @@ async def run(args: argparse.Namespace) -> int:
 
     try:
         async with open_bus(args.bus, namespace=args.ns) as bus:
-            worker = FusionWorker(bus, spec, on_frame=on_frame, ring=args.ring, worker_id=args.worker_id)
+            worker = FusionWorker(
+                bus, spec, on_frame=on_frame, scale_out=args.scale_out, worker_id=args.worker_id
+            )
             task = asyncio.create_task(worker.run(stop))
             t0 = time.monotonic()
             await worker.ready.wait()

@@ -121,9 +121,9 @@ class Engine(abc.ABC):
 
     @abc.abstractmethod
     async def create_subscriber(
-        self, stream: str | None, sink: MessageSink, options: SubscriptionOptions
+        self, stream: str | tuple[str, ...] | None, sink: MessageSink, options: SubscriptionOptions
     ) -> EngineSubscriber:
-        """Subscribe to one stream, or to every stream of the namespace if ``stream`` is None."""
+        """Subscribe to one stream, several (a tuple) or every stream of the namespace (None)."""
 
     async def watch_group(self, group: str, on_change: MembershipCallback) -> GroupMembership:
         """Watch a group whose members see each other's liveness (Zenoh liveliness tokens);

@@ -14,6 +14,7 @@ import asyncio
 import logging
 import re
 import threading
+import time
 import uuid
 from typing import Any
 
@@ -24,6 +25,8 @@ from embodied_bus.engines.base import (
     Engine,
     EnginePublisher,
     EngineSubscriber,
+    GroupMembership,
+    MembershipCallback,
     MessageSink,
 )
 from embodied_bus.engines.urls import PulsarSettings
@@ -212,6 +215,120 @@ def _acker(consumer: Any, msg: Any) -> AckFn:
     return ack
 
 
+#: Heartbeat period of group members, seconds.
+GROUP_HEARTBEAT_S = 0.25
+#: A member unheard of for this long has left, seconds.
+GROUP_EXPIRY_S = 3.0
+
+
+class _PulsarGroup(GroupMembership):
+    """Group membership over a non-persistent heartbeat topic (Pulsar has no liveliness)."""
+
+    def __init__(
+        self, engine: PulsarEngine, group: str, on_change: MembershipCallback, consumer: Any
+    ) -> None:
+        self._engine = engine
+        self._topic = _group_topic(engine.settings, group)
+        self._on_change = on_change
+        self._consumer = consumer
+        self._lock = threading.Lock()
+        self._seen: dict[str, tuple[str, float]] = {}
+        self._stop = threading.Event()
+        self._producer: Any = None
+        self._me: tuple[str, str] | None = None
+        self._threads = [threading.Thread(target=self._listen, name=f"eb-group-{group}", daemon=True)]
+        self._threads[0].start()
+
+    def _listen(self) -> None:
+        next_check = time.monotonic() + GROUP_HEARTBEAT_S
+        while not self._stop.is_set():
+            try:
+                msg = self._consumer.receive(timeout_millis=int(GROUP_HEARTBEAT_S * 1000))
+                props = msg.properties()
+                member, value, state = props.get("member"), props.get("value"), props.get("state")
+                if member and value is not None:
+                    self._saw(member, value, state != "left")
+            except pulsar.Timeout:
+                pass
+            except pulsar.PulsarException as err:
+                if self._stop.is_set():
+                    return
+                _logger.warning("group heartbeat receive failed: %s", err)
+                self._stop.wait(0.2)
+            now = time.monotonic()
+            if now >= next_check:
+                next_check = now + GROUP_HEARTBEAT_S
+                with self._lock:
+                    expired = [(m, v) for m, (v, t) in self._seen.items() if now - t > GROUP_EXPIRY_S]
+                    for m, _ in expired:
+                        del self._seen[m]
+                for m, v in expired:
+                    self._on_change(m, v, False)
+
+    def _saw(self, member: str, value: str, alive: bool) -> None:
+        with self._lock:
+            known = self._seen.get(member)
+            if alive:
+                self._seen[member] = (value, time.monotonic())
+            elif known is not None:
+                del self._seen[member]
+        if alive and (known is None or known[0] != value):
+            self._on_change(member, value, True)
+        elif not alive and known is not None:
+            self._on_change(member, known[0], False)
+
+    def _beat(self) -> None:
+        assert self._me is not None
+        member, value = self._me
+        while not self._stop.wait(GROUP_HEARTBEAT_S):
+            try:
+                self._producer.send_async(
+                    b"", None, properties={"member": member, "value": value, "state": "alive"}
+                )
+            except pulsar.PulsarException as err:
+                _logger.warning("group heartbeat send failed: %s", err)
+
+    def members(self) -> dict[str, str]:
+        with self._lock:
+            return {m: v for m, (v, _) in self._seen.items()}
+
+    async def announce(self, member: str, value: str) -> None:
+        self._producer = await asyncio.to_thread(self._engine.client.create_producer, self._topic)
+        self._me = (member, value)
+        await asyncio.to_thread(
+            self._producer.send, b"", properties={"member": member, "value": value, "state": "alive"}
+        )
+        t = threading.Thread(target=self._beat, name=f"eb-heartbeat-{member}", daemon=True)
+        self._threads.append(t)
+        t.start()
+
+    async def leave(self) -> None:
+        self._stop.set()
+        if self._producer is not None and self._me is not None:
+            try:
+                await asyncio.to_thread(
+                    self._producer.send,
+                    b"",
+                    properties={"member": self._me[0], "value": self._me[1], "state": "left"},
+                )
+                await asyncio.to_thread(self._producer.close)
+            except pulsar.PulsarException:
+                pass
+        for t in self._threads:
+            await asyncio.to_thread(t.join, 2.0)
+        try:
+            await asyncio.to_thread(self._consumer.close)
+        except pulsar.PulsarException:
+            pass
+
+
+def _group_topic(settings: PulsarSettings, group: str) -> str:
+    return (
+        f"non-persistent://{settings.tenant}/{settings.pulsar_namespace}/"
+        f"eb.{settings.namespace}.group.{group.replace('/', '.')}"
+    )
+
+
 class PulsarEngine(Engine):
     """A pulsar-client ``Client`` used as a bus engine."""
 
@@ -279,12 +396,18 @@ class PulsarEngine(Engine):
         return _PulsarPublisher(producer, stream, options)
 
     async def create_subscriber(
-        self, stream: str | None, sink: MessageSink, options: SubscriptionOptions
+        self, stream: str | tuple[str, ...] | None, sink: MessageSink, options: SubscriptionOptions
     ) -> EngineSubscriber:
         self._check()
         ephemeral = options.subscription_name is None
         name = options.subscription_name or f"eb-{uuid.uuid4().hex[:12]}"
-        topic: Any = stream_topic(self.settings, stream) if stream else _pattern(self.settings)
+        topic: Any
+        if stream is None:
+            topic = _pattern(self.settings)
+        elif isinstance(stream, tuple):
+            topic = [stream_topic(self.settings, s) for s in stream]
+        else:
+            topic = stream_topic(self.settings, stream)
         kwargs: dict[str, Any] = {
             "consumer_type": pulsar.ConsumerType.Exclusive,
             "initial_position": pulsar.InitialPosition.Latest,
@@ -292,15 +415,34 @@ class PulsarEngine(Engine):
             "max_pending_chunked_message": MAX_PENDING_CHUNKED,
             "auto_ack_oldest_chunked_message_on_queue_full": False,
         }
+        if options.key_shared_ranges is not None:
+            kwargs["consumer_type"] = pulsar.ConsumerType.KeyShared
+            kwargs["key_shared_policy"] = pulsar.ConsumerKeySharedPolicy(
+                key_shared_mode=pulsar.KeySharedMode.Sticky,
+                sticky_ranges=list(options.key_shared_ranges),
+            )
         if stream is None:
             kwargs["pattern_auto_discovery_period"] = 1
+        what = "all streams" if stream is None else ", ".join(stream) if isinstance(stream, tuple) else stream
         try:
             consumer = await asyncio.to_thread(self.client.subscribe, topic, name, **kwargs)
         except pulsar.PulsarException as err:
-            raise BusConnectionError(
-                f"cannot subscribe to {stream or 'all streams'!r} on Pulsar: {err}"
-            ) from err
-        return _PulsarSubscriber(consumer, sink, stream or "all", ephemeral)
+            raise BusConnectionError(f"cannot subscribe to {what!r} on Pulsar: {err}") from err
+        return _PulsarSubscriber(consumer, sink, name, ephemeral)
+
+    async def watch_group(self, group: str, on_change: MembershipCallback) -> GroupMembership:
+        self._check()
+        topic = _group_topic(self.settings, group)
+        try:
+            consumer = await asyncio.to_thread(
+                self.client.subscribe,
+                topic,
+                f"eb-watch-{uuid.uuid4().hex[:12]}",
+                consumer_type=pulsar.ConsumerType.Exclusive,
+            )
+        except pulsar.PulsarException as err:
+            raise BusConnectionError(f"cannot watch group {group!r} on Pulsar: {err}") from err
+        return _PulsarGroup(self, group, on_change, consumer)
 
     async def close(self) -> None:
         if not self._closed:

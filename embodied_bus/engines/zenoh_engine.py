@@ -292,6 +292,15 @@ class _ZenohSubscriber(EngineSubscriber):
                 pass
 
 
+class _ZenohMulti(EngineSubscriber):
+    def __init__(self, subs: list[_ZenohSubscriber]) -> None:
+        self._subs = subs
+
+    async def close(self) -> None:
+        for sub in self._subs:
+            await sub.close()
+
+
 class _ZenohGroup(GroupMembership):
     """Membership through liveliness tokens ``eb/<ns>/@group/<group>/<member>/<value>``."""
 
@@ -391,9 +400,13 @@ class ZenohEngine(Engine):
         return _ZenohPublisher(self, self.key(stream), options)
 
     async def create_subscriber(
-        self, stream: str | None, sink: MessageSink, options: SubscriptionOptions
+        self, stream: str | tuple[str, ...] | None, sink: MessageSink, options: SubscriptionOptions
     ) -> EngineSubscriber:
         self._check()
+        if options.key_shared_ranges is not None:
+            raise BusConfigError("key_shared_ranges is a Pulsar option; on Zenoh use the ownership ring")
+        if isinstance(stream, tuple):
+            return _ZenohMulti([_ZenohSubscriber(self, self.key(s), sink) for s in stream])
         return _ZenohSubscriber(self, self.key(stream), sink)
 
     async def watch_group(self, group: str, on_change: MembershipCallback) -> GroupMembership:

@@ -251,6 +251,31 @@ class Assembler:
         return events
 
     @property
+    def event_time_ns(self) -> int | None:
+        """The furthest stamp seen on any stream (None before the first sample)."""
+        return self._event_time_ns
+
+    @property
+    def emitted_upto(self) -> int | None:
+        """The highest bucket emitted so far (None before the first)."""
+        return self._emitted_upto
+
+    def reset_open(self) -> None:
+        """Forget open buckets and buffered samples, keeping what was emitted (used when a
+        Key_Shared worker's slots change: unacknowledged samples are redelivered)."""
+        for st in self._streams.values():
+            st.reset()
+            st.seen.clear()
+            st.seen_order.clear()
+        self._open.clear()
+        self._open_set.clear()
+
+    @property
+    def open_bucket_ids(self) -> frozenset[int]:
+        """Ids of the open buckets."""
+        return frozenset(self._open_set)
+
+    @property
     def open_buckets(self) -> int:
         """Buckets waiting for data."""
         return len(self._open)

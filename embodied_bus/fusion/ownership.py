@@ -1,6 +1,15 @@
 """Which fusion worker publishes which bucket.
 
-Zenoh (:class:`ZenohRing`): every worker receives every sample and assembles every bucket, and
+Both engines keep a live group of workers (:class:`OwnershipRing`: Zenoh liveliness tokens,
+Pulsar heartbeats on a non-persistent topic) and deal work out by rendezvous hashing.
+
+Pulsar (Key_Shared): the hash space of the bucket key is cut into :data:`DEFAULT_SLOTS` slots;
+each worker consumes its slots (:func:`slot_ranges`) from every modality topic with one
+Key_Shared STICKY consumer, so one worker gets all samples of a bucket. Samples are acknowledged
+only after their bucket's frame is out; when slots move, the old owner closes its consumer and
+its unacknowledged samples (open buckets) are redelivered whole to the new owner.
+
+Zenoh ring: every worker receives every sample and assembles every bucket, and
 exactly one, the owner, publishes each frame. Owners come from rendezvous hashing over the live
 members of a liveliness group. A member joins *from* a future bucket it announces in its token
 (current event time + a margin), so the others learn of it before ownership changes and no
@@ -18,10 +27,12 @@ from collections.abc import Mapping
 from embodied_bus.bus import Bus
 from embodied_bus.engines.base import GroupMembership
 
-__all__ = ["COLD_START", "ZenohRing", "rendezvous_owner"]
+__all__ = ["COLD_START", "DEFAULT_SLOTS", "OwnershipRing", "rendezvous_owner", "slot_ranges"]
 
 #: Announced by workers that start before any data flows and find no other member.
 COLD_START = "min"
+#: Slices of the Key_Shared hash space [0, 65535] dealt out to Pulsar workers.
+DEFAULT_SLOTS = 16
 
 
 def _score(member: str, bucket: int) -> int:
@@ -44,11 +55,27 @@ def rendezvous_owner(bucket: int, members: Mapping[str, int | None]) -> str | No
     return None if best is None else best[1]
 
 
-class ZenohRing:
-    """Bucket ownership over a Zenoh liveliness group of fusion workers.
+def slot_ranges(
+    worker: str, members: Mapping[str, int | None], slots: int = DEFAULT_SLOTS
+) -> tuple[tuple[int, int], ...]:
+    """Inclusive Key_Shared hash ranges of the slots a worker owns among ``members``."""
+    width = 65536 // slots
+    mine = [s for s in range(slots) if rendezvous_owner(s, {m: None for m in members}) == worker]
+    ranges: list[tuple[int, int]] = []
+    for s in mine:
+        lo, hi = s * width, 65535 if s == slots - 1 else (s + 1) * width - 1
+        if ranges and ranges[-1][1] + 1 == lo:
+            ranges[-1] = (ranges[-1][0], hi)
+        else:
+            ranges.append((lo, hi))
+    return tuple(ranges)
+
+
+class OwnershipRing:
+    """A live group of fusion workers and the bucket ownership it implies.
 
     Args:
-        bus: The worker's bus (Zenoh engine).
+        bus: The worker's bus.
         group: Group name (the fusion pipeline's name).
         worker_id: This worker's id (default: random).
     """
@@ -60,6 +87,8 @@ class ZenohRing:
         self._handle: GroupMembership | None = None
         self._members: dict[str, int | None] = {}
         self.departures: asyncio.Queue[str] = asyncio.Queue()
+        #: Set whenever a member joins or leaves.
+        self.changed = asyncio.Event()
         self.joined_from: int | None = None
         self._joined = False
         self._loop = asyncio.get_running_loop()
@@ -67,13 +96,18 @@ class ZenohRing:
     def _on_change(self, member: str, value: str, joined: bool) -> None:
         start = None if value == COLD_START else int(value)
         if joined:
-            self._loop.call_soon_threadsafe(self._members.__setitem__, member, start)
+            self._loop.call_soon_threadsafe(self._arrive, member, start)
         else:
             self._loop.call_soon_threadsafe(self._depart, member)
+
+    def _arrive(self, member: str, start: int | None) -> None:
+        self._members[member] = start
+        self.changed.set()
 
     def _depart(self, member: str) -> None:
         self._members.pop(member, None)
         self.departures.put_nowait(member)
+        self.changed.set()
 
     async def watch(self, settle_s: float = 0.3) -> list[str]:
         """Start watching the group; return the members seen after ``settle_s`` seconds."""

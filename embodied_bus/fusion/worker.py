@@ -8,6 +8,7 @@ with the reference stamp, bucketed with the spec's clock) and late samples, unch
 from __future__ import annotations
 
 import asyncio
+import logging
 import time
 from collections import OrderedDict, deque
 from collections.abc import Callable
@@ -17,22 +18,30 @@ from typing import Any
 import numpy as np
 
 from embodied_bus.bus import Bus
+from embodied_bus.errors import BusConnectionError
 from embodied_bus.fusion.assembler import Assembler, DroppedBucket, Event, LateSample, StampJump
 from embodied_bus.fusion.codec import FRAME_ENCODING, encode_frame
 from embodied_bus.fusion.frame import MultiModalFrame
-from embodied_bus.fusion.ownership import ZenohRing
-from embodied_bus.fusion.spec import FusionSpec
+from embodied_bus.fusion.ownership import OwnershipRing, slot_ranges
+from embodied_bus.fusion.spec import FusionSpec, SpecError
 from embodied_bus.model.qos import Backpressure, PublisherOptions, SubscriptionOptions
 from embodied_bus.model.sample import Sample
 from embodied_bus.model.wire import Modality
 from embodied_bus.streams.publisher import Publisher
 from embodied_bus.streams.subscriber import Subscription
 
-__all__ = ["DEFAULT_IDLE_FLUSH_S", "FusionMetrics", "FusionWorker", "frames_stream"]
+__all__ = ["DEFAULT_IDLE_FLUSH_S", "SCALE_OUT_MODES", "FusionMetrics", "FusionWorker", "frames_stream"]
 
 #: With no input for this long, open buckets are flushed (end of a recording, sensors down).
 DEFAULT_IDLE_FLUSH_S = 1.0
 _WINDOW = 4096
+_log = logging.getLogger("embodied_bus.fusion")
+#: Scale-out modes of :class:`FusionWorker`.
+SCALE_OUT_MODES = (None, "ring", "key-shared")
+#: Key-shared mode waits this long for the group's heartbeats before taking slots, seconds.
+GROUP_SETTLE_S = 0.6
+#: Key-shared mode: a redelivered bucket is assembled once no sample of it came for this long.
+RECOVERY_QUIET_S = 0.5
 #: Recent buckets remembered for ring bookkeeping.
 _RECENT = 512
 
@@ -108,9 +117,11 @@ class FusionWorker:
             lines.
         capacity: Buffer of each input subscription (lossless ``block`` policy).
         idle_flush_s: Flush open buckets after this long without input.
-        ring: Scale out over a Zenoh ownership ring (see :mod:`embodied_bus.fusion.ownership`):
-            several workers with the same spec share the buckets, each published exactly once.
-        worker_id: Ring member id (default: random).
+        scale_out: ``None`` (one worker), ``"ring"`` (Zenoh ownership ring: every worker
+            receives everything, the owner of a bucket publishes it) or ``"key-shared"`` (Pulsar
+            Key_Shared STICKY slots: each worker receives only its buckets, acknowledged after
+            their frame). See :mod:`embodied_bus.fusion.ownership`.
+        worker_id: Member id in the worker group (default: random).
         join_margin_buckets: A worker joining a running ring owns buckets from its current
             bucket plus this many (default: the lateness bound in buckets + 3).
     """
@@ -123,7 +134,7 @@ class FusionWorker:
         on_frame: Callable[[MultiModalFrame, int], None] | None = None,
         capacity: int = 4096,
         idle_flush_s: float = DEFAULT_IDLE_FLUSH_S,
-        ring: bool = False,
+        scale_out: str | None = None,
         worker_id: str | None = None,
         join_margin_buckets: int | None = None,
     ) -> None:
@@ -139,14 +150,18 @@ class FusionWorker:
         self._late_pub: Publisher | None = None
         self._last_input = time.monotonic()
         self.ready = asyncio.Event()
-        self._use_ring = ring
+        if scale_out not in SCALE_OUT_MODES:
+            raise SpecError(f"scale_out must be one of {SCALE_OUT_MODES}, got {scale_out!r}")
+        self._mode = scale_out
+        #: Samples not yet acknowledged, by bucket (key-shared mode).
+        self._unacked: dict[int, list[Sample]] = {}
         self._worker_id = worker_id
         self._margin = (
             join_margin_buckets
             if join_margin_buckets is not None
             else -(-spec.lateness_ns // spec.clock.width_ns) + 3
         )
-        self.ring: ZenohRing | None = None
+        self.ring: OwnershipRing | None = None
         self._joining = False
         #: Buckets whose frame some worker of the ring published (recent, bounded).
         self._published: OrderedDict[int, None] = OrderedDict()
@@ -156,6 +171,16 @@ class FusionWorker:
         self.skipped = 0
         #: Frames published on behalf of a worker that left.
         self.taken_over = 0
+        #: Key-shared mode: the hash ranges consumed now, and how often they were re-dealt.
+        self.slots: tuple[tuple[int, int], ...] = ()
+        self.reassignments = 0
+        #: Key-shared mode: redelivered older buckets being collected, and when they last grew.
+        self._recovering: dict[int, list[Sample]] = {}
+        self._recovering_at: dict[int, float] = {}
+        self._emitted_here: set[int] = set()
+        self._settle_until = 0.0
+        #: Buckets assembled from redelivered samples.
+        self.recovered = 0
 
     def _mark_published(self, bucket: int) -> None:
         self._published[bucket] = None
@@ -165,18 +190,32 @@ class FusionWorker:
 
     async def _publish_frame(self, frame: MultiModalFrame) -> None:
         now = time.time_ns()
+        _log.debug(
+            "publish bucket %d members %s forced %s", frame.bucket, sorted(frame.members), frame.forced
+        )
         if frame.pane == 0:
             self.metrics.record(frame, now)
             self._mark_published(frame.bucket)
+            if self._mode == "key-shared":
+                self._emitted_here.add(frame.bucket)
+                if len(self._emitted_here) > _RECENT:
+                    self._emitted_here.discard(min(self._emitted_here))
         assert self._frames_pub is not None
         await self._frames_pub.publish(encode_frame(frame), stamp_ns=frame.reference_stamp_ns)
         if self._on_frame is not None:
             self._on_frame(frame, now)
 
     async def _handle(self, events: list[Event]) -> None:
-        ring = self.ring
+        ring = self.ring if self._mode == "ring" else None
+        keyshared = self._mode == "key-shared"
         for ev in events:
             if isinstance(ev, MultiModalFrame):
+                if keyshared and ev.pane == 0:
+                    done = ev.bucket
+                    if ev.bucket in self._published:
+                        self.skipped += 1
+                        self._ack_through(done)
+                        continue
                 if ring is not None:
                     if ev.pane == 0 and ev.bucket in self._published:
                         self.skipped += 1
@@ -188,7 +227,10 @@ class FusionWorker:
                                 self._held.popitem(last=False)
                         continue
                 await self._publish_frame(ev)
+                if keyshared and ev.pane == 0:
+                    self._ack_through(ev.bucket)
             elif isinstance(ev, LateSample):
+                _log.debug("late %s sample for bucket %d", ev.sample.stream, ev.bucket)
                 if ring is not None and not ring.owns(ev.bucket):
                     continue
                 self.metrics.late += 1
@@ -200,17 +242,77 @@ class FusionWorker:
                     encoding=ev.sample.header.encoding,
                     frame_id=ev.sample.header.frame_id,
                 )
+                ev.sample.ack()
             elif isinstance(ev, DroppedBucket):
                 self.metrics.dropped += 1
+                if keyshared:
+                    self._ack_through(ev.bucket)
             elif isinstance(ev, StampJump):
                 self.metrics.jumps += 1
+
+    async def _recover(self, quiet_s: float = RECOVERY_QUIET_S) -> None:
+        """Emit redelivered buckets whose samples stopped arriving ``quiet_s`` ago."""
+        now = time.monotonic()
+        for b in [b for b, t in self._recovering_at.items() if now - t >= quiet_s]:
+            samples = self._recovering.pop(b)
+            del self._recovering_at[b]
+            if b not in self._published:
+                asm = Assembler(self.spec)
+                events = [e for s in sorted(samples, key=lambda x: x.stamp_ns) for e in asm.push(s)]
+                events += asm.flush()
+                for ev in events:
+                    if isinstance(ev, MultiModalFrame) and ev.pane == 0 and ev.bucket == b:
+                        self.recovered += 1
+                        await self._publish_frame(ev)
+            for sample in samples:
+                sample.ack()
+
+    def _ack_through(self, bucket: int) -> None:
+        """Acknowledge every held sample of buckets up to ``bucket`` (their frames are out)."""
+        for b in [b for b in self._unacked if b <= bucket]:
+            for sample in self._unacked.pop(b):
+                sample.ack()
 
     async def push(self, sample: Sample) -> None:
         """Feed one sample (the subscriptions call this; tests and replay may too)."""
         self._last_input = time.monotonic()
+        if self._mode == "key-shared":
+            spec = self.spec.stream(sample.stream)
+            stamp = sample.stamp_ns or sample.receive_ns
+            b = self.spec.clock.bucket_of(stamp + (spec.clock_offset_ns if spec else 0))
+            upto = self.assembler.emitted_upto
+            now_ns = self.assembler.event_time_ns
+            behind = (upto is not None and b <= upto) or (
+                now_ns is not None and self.spec.clock.end_ns(b) + self.spec.lateness_ns <= now_ns
+            )
+            # Right after the slots were dealt, samples of one bucket arrive from redeliveries
+            # and fresh sends in any order: collect them by bucket until they stop coming.
+            settling = time.monotonic() < self._settle_until or b in self._recovering
+            if (
+                (behind or settling)
+                and b not in self._emitted_here
+                and b not in self.assembler.open_bucket_ids
+            ):
+                if b in self._published:  # its frame is out: this sample is late
+                    _log.debug("late %s sample for published bucket %d", sample.stream, b)
+                    self.metrics.late += 1
+                    sample.ack()
+                    return
+                # An older bucket redelivered from a worker that left or gave up its slot:
+                # assemble it on its own once its samples stop arriving.
+                self._recovering.setdefault(b, []).append(sample)
+                self._recovering_at[b] = time.monotonic()
+                return
+            self._unacked.setdefault(b, []).append(sample)
         events = self.assembler.push(sample)
         ring = self.ring
-        if ring is not None and not self._joining and ring.joined_from is None and not ring.joined:
+        if (
+            self._mode == "ring"
+            and ring is not None
+            and not self._joining
+            and ring.joined_from is None
+            and not ring.joined
+        ):
             # Joining a running ring: own buckets from a little ahead of the current event time.
             self._joining = True
             await ring.join(self.spec.clock.bucket_of(sample.stamp_ns) + self._margin)
@@ -234,6 +336,62 @@ class FusionWorker:
                     self.taken_over += 1
                     await self._publish_frame(frame)
 
+    async def _key_shared(self, stop: asyncio.Event, inputs: tuple[str, ...]) -> None:
+        """Consume this worker's Key_Shared slots; re-deal them when the group changes."""
+        ring = self.ring
+        assert ring is not None
+        await asyncio.sleep(GROUP_SETTLE_S)  # let the heartbeats of running workers arrive
+        while not stop.is_set():
+            ring.changed.clear()
+            ranges = slot_ranges(ring.worker_id, ring.members())
+            sub: Subscription | None = None
+            if ranges:
+                opts = SubscriptionOptions(
+                    capacity=self._capacity,
+                    backpressure=Backpressure.BLOCK,
+                    auto_ack=False,
+                    subscription_name=f"eb-fusion-{self.spec.name.replace('/', '.')}",
+                    key_shared_ranges=ranges,
+                )
+                try:
+                    sub = await self.bus.subscribe(inputs, options=opts)
+                except BusConnectionError:
+                    # Another worker still holds part of these ranges: it lets go once it sees
+                    # the same group; try again shortly.
+                    await asyncio.sleep(0.2)
+                    continue
+            self.slots = ranges
+            self._settle_until = time.monotonic() + RECOVERY_QUIET_S
+            pump = asyncio.create_task(self._pump(sub)) if sub is not None else None
+            changed = asyncio.create_task(ring.changed.wait())
+            stopped = asyncio.create_task(stop.wait())
+            waiting = {changed, stopped} | ({pump} if pump is not None else set())
+            while True:
+                done, _ = await asyncio.wait(waiting, return_when=asyncio.FIRST_COMPLETED)
+                if pump is not None and pump in done:
+                    pump.result()  # a failed pump ends the worker with its error
+                if stopped in done or slot_ranges(ring.worker_id, ring.members()) != ranges:
+                    break
+                ring.changed.clear()
+                changed = asyncio.create_task(ring.changed.wait())
+                waiting = {changed, stopped} | ({pump} if pump is not None else set())
+            for t in (changed, stopped):
+                t.cancel()
+            if pump is not None:  # stop consuming first, so nothing is half handled
+                pump.cancel()
+                await asyncio.gather(pump, return_exceptions=True)
+            if sub is not None:
+                await sub.close()  # unacknowledged samples (open buckets) go to their new owner
+            if stop.is_set():
+                return
+            self.reassignments += 1
+            _log.info("Key_Shared slots re-dealt (was %s)", ranges)
+            # Open buckets come back as redeliveries (to us or their new owner): start them over.
+            self.assembler.reset_open()
+            self._unacked.clear()
+            self._recovering.clear()
+            self._recovering_at.clear()
+
     async def run(self, stop: asyncio.Event) -> None:
         """Subscribe, fuse until ``stop`` is set, flush and publish what is left."""
         opts = SubscriptionOptions(capacity=self._capacity, backpressure=Backpressure.BLOCK)
@@ -251,26 +409,39 @@ class FusionWorker:
             options=PublisherOptions(backpressure=Backpressure.BLOCK),
         )
         tasks: list[asyncio.Task[None]] = []
-        if self._use_ring:
-            self.ring = ZenohRing(self.bus, self.spec.name, self._worker_id)
+        inputs = tuple(s.name for s in self.spec.streams)
+        if self._mode is not None:
+            self.ring = OwnershipRing(self.bus, self.spec.name, self._worker_id)
             frames_sub = await self.bus.subscribe(frames_stream(self.spec), options=opts)
             self._subs.append(frames_sub)
             tasks.append(asyncio.create_task(self._track_published(frames_sub)))
+        if self._mode == "ring":
+            assert self.ring is not None
             tasks.append(asyncio.create_task(self._take_over()))
             if not await self.ring.watch():
                 await self.ring.join(None)  # first worker: own everything from the start
-        self._subs += [await self.bus.subscribe(s.name, options=opts) for s in self.spec.streams]
-        tasks += [asyncio.create_task(self._pump(s)) for s in self._subs[1 if self._use_ring else 0 :]]
+            self._subs.append(await self.bus.subscribe(inputs, options=opts))
+            tasks.append(asyncio.create_task(self._pump(self._subs[-1])))
+        elif self._mode == "key-shared":
+            assert self.ring is not None
+            await self.ring.watch()
+            await self.ring.join(None)
+            tasks.append(asyncio.create_task(self._key_shared(stop, inputs)))
+        else:
+            self._subs.append(await self.bus.subscribe(inputs, options=opts))
+            tasks.append(asyncio.create_task(self._pump(self._subs[-1])))
         self.ready.set()
         try:
             while not stop.is_set():
                 try:
-                    await asyncio.wait_for(stop.wait(), self._idle_flush_s / 2)
+                    await asyncio.wait_for(stop.wait(), min(0.1, self._idle_flush_s / 2))
                 except TimeoutError:
                     pass
                 for t in tasks:
                     if t.done() and not t.cancelled() and t.exception() is not None:
                         raise t.exception()  # type: ignore[misc]
+                if self._recovering:
+                    await self._recover()
                 if self.assembler.open_buckets and time.monotonic() - self._last_input > self._idle_flush_s:
                     await self._handle(self.assembler.flush())
         finally:
@@ -280,6 +451,8 @@ class FusionWorker:
                 t.cancel()
             await asyncio.gather(*tasks, return_exceptions=True)
             await self._handle(self.assembler.flush())
+            if self._recovering:
+                await self._recover(quiet_s=0.0)
             if self.ring is not None:
                 await self.ring.leave()
             await self._frames_pub.flush()
@@ -298,4 +471,10 @@ class FusionWorker:
         }
         if self.ring is not None:
             out.update(worker=self.ring.worker_id, skipped=self.skipped, taken_over=self.taken_over)
+        if self._mode == "key-shared":
+            out.update(
+                slots=[list(r) for r in self.slots],
+                reassignments=self.reassignments,
+                recovered=self.recovered,
+            )
         return out

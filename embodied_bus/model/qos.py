@@ -85,14 +85,28 @@ class SubscriptionOptions:
             restart. None creates an ephemeral subscription removed on close.
         deliver_duplicates: Deliver samples whose sequence number was already seen (counted
             either way).
+        auto_ack: Acknowledge each sample when the application takes it (default). With False
+            the application calls ``sample.ack()`` when done (Pulsar redelivers unacknowledged
+            samples to another consumer if this one goes away).
+        key_shared_ranges: Pulsar only: share the stream(s) among the consumers of
+            ``subscription_name`` with Key_Shared in STICKY mode, this consumer taking the
+            given inclusive hash ranges of [0, 65535]; the same ranges apply on every topic.
     """
 
     capacity: int = DEFAULT_CAPACITY
     backpressure: Backpressure = Backpressure.DROP_OLDEST
     subscription_name: str | None = None
     deliver_duplicates: bool = False
+    auto_ack: bool = True
+    key_shared_ranges: tuple[tuple[int, int], ...] | None = None
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "backpressure", Backpressure.parse(self.backpressure))
         if self.capacity < 1:
             raise BusConfigError(f"subscription capacity must be >= 1, got {self.capacity}")
+        if self.key_shared_ranges is not None:
+            for lo, hi in self.key_shared_ranges:
+                if not 0 <= lo <= hi <= 65535:
+                    raise BusConfigError(f"key_shared_ranges: ({lo}, {hi}) is not within [0, 65535]")
+            if self.subscription_name is None:
+                raise BusConfigError("key_shared_ranges needs a subscription_name shared by the consumers")

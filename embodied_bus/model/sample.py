@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from collections.abc import Callable
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
@@ -26,12 +27,23 @@ class Sample:
         payload: The payload bytes, untouched by the bus.
         receive_ns: Wall-clock time the subscriber got it, UTC nanoseconds.
         out_of_order: True if it arrived after a later sample of the same publisher.
+        ack_fn: With ``SubscriptionOptions(auto_ack=False)``: acknowledges the sample to the
+            engine (Pulsar); call it through :meth:`ack` once the sample is fully processed.
     """
 
     header: Header
     payload: bytes | memoryview
     receive_ns: int
     out_of_order: bool = False
+    ack_fn: Callable[[], None] | None = field(default=None, repr=False, compare=False)
+
+    def ack(self) -> None:
+        """Acknowledge the sample (no-op if it was acknowledged on receipt or the engine has
+        no acknowledgements)."""
+        fn = self.ack_fn
+        if fn is not None:
+            self.ack_fn = None
+            fn()
 
     @property
     def stream(self) -> str:

@@ -31,7 +31,10 @@ class Subscription:
     """
 
     def __init__(
-        self, stream: str | None, options: SubscriptionOptions, loop: asyncio.AbstractEventLoop
+        self,
+        stream: str | tuple[str, ...] | None,
+        options: SubscriptionOptions,
+        loop: asyncio.AbstractEventLoop,
     ) -> None:
         self.stream = stream
         self.options = options
@@ -81,7 +84,10 @@ class Subscription:
     def _take(self, item: _Item) -> Sample:
         sample, ack = item
         if ack is not None:
-            ack()
+            if self.options.auto_ack:
+                ack()
+            else:
+                sample.ack_fn = ack
         st = self.stats.get(sample.header.stream)
         if st is not None:
             st.delivered += 1
