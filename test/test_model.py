@@ -158,3 +158,10 @@ def test_npy_with_a_truncated_body_names_the_size_mismatch() -> None:
     blob = bytes(encode_npy(np.arange(100, dtype=np.float64)))[:-8]
     with pytest.raises(EncodingError, match="size mismatch"):
         decode_npy(blob)
+
+
+def test_headers_whose_strings_concatenate_alike_decode_distinctly() -> None:
+    a = BASE._replace(stream="s0", encoding="0", frame_id="")
+    b = BASE._replace(stream="s0", encoding="", frame_id="0")
+    assert decode_header(encode_header(a)) == a
+    assert decode_header(encode_header(b)) == b

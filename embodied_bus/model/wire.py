@@ -176,7 +176,7 @@ _pack = HEADER_STRUCT.pack
 _unpack_from = HEADER_STRUCT.unpack_from
 _HEADER_SIZE = HEADER_STRUCT.size
 _FLAGS = {int(f): HeaderFlags(f) for f in range(4)}
-#: Decoded (stream, encoding, frame_id) by header tail bytes; bounded.
+#: Decoded (stream, encoding, frame_id) by the header's length fields and strings; bounded.
 _TAILS: dict[bytes, tuple[str, str, str]] = {}
 _MAX_TAILS = 4096
 
@@ -222,16 +222,17 @@ def decode_header(data: bytes) -> Header:
         raise HeaderError(f"bucket width must be positive, got {width_ns}")
     if seq == 0:
         raise HeaderError("sequence number 0 is invalid (sequences start at 1)")
-    tail = data[n:]
-    strings = _TAILS.get(tail)
+    key = data[n - 6 :]  # the three lengths and the strings: a unique key for the tail
+    strings = _TAILS.get(key)
     if strings is None:
+        tail = data[n:]
         try:
             strings = (tail[:ls].decode(), tail[ls : ls + le].decode(), tail[ls + le :].decode())
         except UnicodeDecodeError as err:
             raise HeaderError(f"header string is not UTF-8: {err}") from err
         if len(_TAILS) >= _MAX_TAILS:
             _TAILS.clear()
-        _TAILS[tail] = strings
+        _TAILS[key] = strings
     fl = _FLAGS.get(flags)
     if fl is None:
         fl = HeaderFlags(flags & 3)
