@@ -1,0 +1,171 @@
+"""Read recordings through rosbags: every message as CDR with its log time and header stamp.
+
+Types are normalized (``sensor_msgs/Image`` → ``sensor_msgs/msg/Image``, as written by ROS 2
+Dashing). A topic whose type has no definition (neither in the file nor in the typestore) is
+reported once as :class:`SkippedTopic` and never raises.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from embodied_bus.errors import EmbodiedBusError
+from embodied_bus.ros.conversions import typestore
+
+__all__ = [
+    "RecordedMessage",
+    "RecordingError",
+    "SkippedTopic",
+    "modality_of",
+    "normalize_msgtype",
+    "read_recording",
+    "topic_to_stream",
+]
+
+
+class RecordingError(EmbodiedBusError):
+    """A recording cannot be opened or read."""
+
+
+@dataclass(frozen=True, slots=True)
+class RecordedMessage:
+    """One message of a recording.
+
+    Attributes:
+        topic: ROS topic.
+        msgtype: Normalized ROS 2 type name (``pkg/msg/Type``).
+        log_time_ns: When the recorder got it, UTC nanoseconds.
+        stamp_ns: ``header.stamp`` in nanoseconds, 0 if the message has no header or a zero stamp.
+        frame_id: ``header.frame_id`` (empty without a header).
+        cdr: The message as ROS 2 CDR (little endian, with the encapsulation header).
+        message: The deserialized rosbags message.
+    """
+
+    topic: str
+    msgtype: str
+    log_time_ns: int
+    stamp_ns: int
+    frame_id: str
+    cdr: bytes
+    message: Any
+
+
+@dataclass(frozen=True, slots=True)
+class SkippedTopic:
+    """A topic that cannot be decoded, reported once per topic with the reason."""
+
+    topic: str
+    msgtype: str
+    reason: str
+
+
+def normalize_msgtype(msgtype: str) -> str:
+    """``pkg/Type`` → ``pkg/msg/Type``; other forms unchanged."""
+    parts = msgtype.split("/")
+    return f"{parts[0]}/msg/{parts[1]}" if len(parts) == 2 else msgtype
+
+
+def _stamp(message: Any) -> tuple[int, str]:
+    header = getattr(message, "header", None)
+    stamp = getattr(header, "stamp", None)
+    if stamp is None:
+        return 0, ""
+    return int(stamp.sec) * 1_000_000_000 + int(stamp.nanosec), str(getattr(header, "frame_id", ""))
+
+
+def read_recording(
+    paths: Sequence[str | Path] | str | Path, *, topics: Sequence[str] | None = None
+) -> Iterator[RecordedMessage | SkippedTopic]:
+    """Yield the messages of one or more recordings in log-time order.
+
+    Args:
+        paths: rosbag2 directories, bare ``.db3``/``.mcap`` files or ROS 1 ``.bag`` files.
+        topics: Only these topics (default: all).
+
+    Raises:
+        RecordingError: A path is missing or is not a recording rosbags can open.
+    """
+    from rosbags.highlevel import AnyReader, AnyReaderError
+
+    plist = [Path(p) for p in ([paths] if isinstance(paths, (str, Path)) else paths)]
+    for p in plist:
+        if not p.exists():
+            raise RecordingError(f"recording {str(p)!r} does not exist")
+    try:
+        reader = AnyReader(plist, default_typestore=typestore())
+        reader.open()
+    except (AnyReaderError, OSError, ValueError, KeyError) as err:
+        raise RecordingError(f"cannot open recording {', '.join(map(str, plist))}: {err}") from err
+    try:
+        conns = [c for c in reader.connections if topics is None or c.topic in topics]
+        ros1 = reader.is2 is False
+        store = reader.typestore  # the default store plus the definitions in the recording
+        ros2 = typestore()
+        usable = []
+        names: dict[int, str] = {}
+        for c in conns:
+            norm = normalize_msgtype(c.msgtype)
+            if c.msgtype in store.fielddefs:
+                names[c.id] = c.msgtype
+            elif norm in store.fielddefs:
+                names[c.id] = norm
+            else:
+                yield SkippedTopic(
+                    c.topic,
+                    norm,
+                    f"no message definition for {norm} in the recording or the ROS 2 Jazzy typestore",
+                )
+                continue
+            usable.append(c)
+        failed: set[str] = set()
+        for conn, log_ns, raw in reader.messages(connections=usable):
+            norm = normalize_msgtype(conn.msgtype)
+            if conn.topic in failed:
+                continue
+            try:
+                if ros1:
+                    # ROS 1 definitions differ (e.g. Header.seq): write CDR with the ROS 2 store
+                    # when it knows the type, so ROS 2 readers decode it.
+                    msg = reader.deserialize(raw, conn.msgtype)
+                    out_store = ros2 if norm in ros2.fielddefs else store
+                    cdr = bytes(out_store.serialize_cdr(msg, norm if out_store is ros2 else names[conn.id]))
+                else:
+                    msg = store.deserialize_cdr(raw, names[conn.id])
+                    cdr = bytes(raw)
+            except Exception as err:  # rosbags raises assorted errors on bad data
+                failed.add(conn.topic)
+                yield SkippedTopic(conn.topic, norm, f"cannot decode: {type(err).__name__}: {err}")
+                continue
+            stamp_ns, frame_id = _stamp(msg)
+            yield RecordedMessage(conn.topic, norm, int(log_ns), stamp_ns, frame_id, cdr, msg)
+    finally:
+        reader.close()
+
+
+def topic_to_stream(topic: str) -> str:
+    """Default stream name of a ROS topic: ``/camera/image_raw`` → ``camera/image_raw``
+    (characters a stream name cannot hold become ``_``)."""
+    import re
+
+    name = re.sub(r"[^A-Za-z0-9_\-/]", "_", topic.strip("/"))
+    name = re.sub(r"/+", "/", name)
+    return name or "root"
+
+
+_MODALITIES = {
+    "sensor_msgs/msg/PointCloud2": "lidar",
+    "sensor_msgs/msg/Image": "camera",
+    "sensor_msgs/msg/CompressedImage": "camera",
+    "sensor_msgs/msg/NavSatFix": "gps",
+    "sensor_msgs/msg/Imu": "imu",
+    "sensor_msgs/msg/LaserScan": "laser_scan",
+    "nav_msgs/msg/Odometry": "odometry",
+}
+
+
+def modality_of(msgtype: str) -> str:
+    """The modality name a ROS type maps to (``other`` if unknown)."""
+    return _MODALITIES.get(msgtype, "other")
