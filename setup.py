@@ -36,8 +36,10 @@ setup(
     ],
     extras_require={
         "pulsar": ["pulsar-client>=3.5,<4"],
+        "pointcloud": ["open3d>=0.18"],
         "test": [
             "pulsar-client>=3.5,<4",
+            "open3d>=0.18",
             "pytest>=8",
             "pytest-asyncio>=0.23",
             "pytest-timeout>=2.3",

@@ -14,6 +14,7 @@ from embodied_bus.cli.common import add_bus_args, install_stop_signals
 from embodied_bus.fusion.codec import frame_summary
 from embodied_bus.fusion.frame import MultiModalFrame
 from embodied_bus.fusion.spec import load_spec
+from embodied_bus.fusion.stages import load_stages, run_stage
 from embodied_bus.fusion.worker import FusionWorker, frames_stream
 
 __all__ = ["add_parser"]
@@ -34,11 +35,13 @@ def add_parser(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-ar
         "or key-shared (Pulsar Key_Shared slots)",
     )
     p.add_argument("--worker-id", default=None, help="ring member id (default: random)")
+    p.add_argument("--stages", metavar="FILE", help="also run the stages of this YAML in this process")
     p.set_defaults(func=run)
 
 
 async def run(args: argparse.Namespace) -> int:
     spec = load_spec(args.config)
+    stages = load_stages(args.stages) if args.stages else []
     stop = asyncio.Event()
     install_stop_signals(stop)
     out: IO[str] | None = open(args.frames_out, "w") if args.frames_out else None  # noqa: SIM115
@@ -53,6 +56,7 @@ async def run(args: argparse.Namespace) -> int:
                 bus, spec, on_frame=on_frame, scale_out=args.scale_out, worker_id=args.worker_id
             )
             task = asyncio.create_task(worker.run(stop))
+            stage_tasks = [asyncio.create_task(run_stage(bus, st, stop)) for st in stages]
             t0 = time.monotonic()
             await worker.ready.wait()
             if not args.json:
@@ -77,6 +81,7 @@ async def run(args: argparse.Namespace) -> int:
                         flush=True,
                     )
             await task
+            await asyncio.gather(*stage_tasks)
             summary = worker.summary()
     finally:
         if out is not None:

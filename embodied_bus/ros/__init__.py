@@ -2,6 +2,7 @@
 
 from embodied_bus.ros.conversions import (
     ConversionError,
+    array_to_pointcloud2_cdr,
     compressed_image_to_array,
     decode_cdr,
     image_to_array,
@@ -16,6 +17,7 @@ from embodied_bus.ros.conversions import (
 
 __all__ = [
     "ConversionError",
+    "array_to_pointcloud2_cdr",
     "compressed_image_to_array",
     "decode_cdr",
     "image_to_array",

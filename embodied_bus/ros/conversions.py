@@ -18,6 +18,7 @@ from embodied_bus.model.sample import Sample
 
 __all__ = [
     "ConversionError",
+    "array_to_pointcloud2_cdr",
     "compressed_image_to_array",
     "decode_cdr",
     "image_to_array",
@@ -210,3 +211,45 @@ def sample_to_numpy(sample: Sample) -> np.ndarray[Any, Any]:
             raise ConversionError(f"no NumPy conversion for {typename!r}")
         return conv(decode_cdr(sample.payload, typename))
     raise ConversionError(f"no NumPy conversion for encoding {enc!r}")
+
+
+def array_to_pointcloud2_cdr(points: np.ndarray[Any, Any], *, frame_id: str, stamp_ns: int) -> bytes:
+    """A structured (or Nx3 float) point array → ``sensor_msgs/msg/PointCloud2`` as CDR bytes.
+
+    Structured arrays keep every numeric field and their layout; an Nx3 array becomes x, y, z
+    float32.
+    """
+    ts = typestore()
+    if points.dtype.names is None:
+        if points.ndim != 2 or points.shape[1] != 3:
+            raise ConversionError(f"expected an Nx3 array or a structured array, got shape {points.shape}")
+        xyz = np.ascontiguousarray(points, dtype=np.float32)
+        points = xyz.view(np.dtype([("x", "<f4"), ("y", "<f4"), ("z", "<f4")])).reshape(-1)
+    kinds = {np.dtype(v): k for k, v in _POINTFIELD.items()}
+    PointField = ts.types["sensor_msgs/msg/PointField"]
+    fields = []
+    for name in points.dtype.names or ():
+        sub, offset = points.dtype.fields[name][:2]  # type: ignore[index]
+        base, count = (sub.base, int(np.prod(sub.shape))) if sub.shape else (sub, 1)
+        code = kinds.get(base.newbyteorder("<") if base.byteorder == ">" else base)
+        if code is None:
+            raise ConversionError(f"field {name!r} of type {base} has no PointField datatype")
+        fields.append(PointField(name=name, offset=int(offset), datatype=code, count=count))
+    flat = np.ascontiguousarray(points.reshape(-1))
+    msg = ts.types["sensor_msgs/msg/PointCloud2"](
+        header=ts.types["std_msgs/msg/Header"](
+            stamp=ts.types["builtin_interfaces/msg/Time"](
+                sec=stamp_ns // 1_000_000_000, nanosec=stamp_ns % 1_000_000_000
+            ),
+            frame_id=frame_id,
+        ),
+        height=1,
+        width=flat.size,
+        fields=fields,
+        is_bigendian=False,
+        point_step=flat.dtype.itemsize,
+        row_step=flat.dtype.itemsize * flat.size,
+        data=flat.view(np.uint8).reshape(-1),
+        is_dense=False,
+    )
+    return bytes(ts.serialize_cdr(msg, "sensor_msgs/msg/PointCloud2"))
