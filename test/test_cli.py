@@ -127,3 +127,60 @@ def test_streams_lists_live_streams_with_rate_and_gaps() -> None:
     (row,) = doc["streams"]
     assert row["stream"] == "imu" and row["received"] > 50 and row["gaps"] == 0
     assert row["latency_p50_ms"] is not None
+
+
+def test_fuse_writes_one_json_line_per_frame(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    port = free_port()
+    frames_out = tmp_path / "frames.jsonl"
+    fuse = subprocess.Popen(
+        [
+            *CLI,
+            "fuse",
+            "--config",
+            "config/fusion.yaml",
+            "--bus",
+            f"zenoh:?listen=tcp/127.0.0.1:{port}",
+            "--ns",
+            "clifuse",
+            "--frames-out",
+            str(frames_out),
+            "--duration",
+            "6",
+            "--json",
+        ],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        pubs = [
+            run(
+                "pub",
+                stream,
+                "--bus",
+                f"zenoh://127.0.0.1:{port}",
+                "--ns",
+                "clifuse",
+                "--rate",
+                str(rate),
+                "--count",
+                str(count),
+                "--size",
+                "64",
+                "--wait-subscriber",
+                "20",
+            )
+            for stream, rate, count in (("camera/front", 30, 30), ("lidar/top", 10, 10))
+        ]
+        out, err = fuse.communicate(timeout=60)
+    finally:
+        fuse.kill()
+    assert fuse.returncode == 0, err
+    assert all(p.returncode == 0 for p in pubs)
+    lines = [json.loads(x) for x in frames_out.read_text().splitlines()]
+    assert lines and all(
+        {"bucket", "members", "missing", "max_skew_ms", "end_to_end_ms"} <= set(x) for x in lines
+    )
+    assert any("lidar/top" in x["members"] for x in lines)
+    summary = json.loads(out)
+    assert summary["frames"] == len(lines)
