@@ -33,6 +33,7 @@ setup(
         "rosbags>=0.10",
         "numpy>=1.24",
         "pyyaml>=6",
+        "rich>=13",
     ],
     extras_require={
         "pulsar": ["pulsar-client>=3.5,<4"],

@@ -18,10 +18,12 @@ from embodied_bus.ros.conversions import typestore
 __all__ = [
     "RecordedMessage",
     "RecordingError",
+    "RecordingInfo",
     "SkippedTopic",
     "modality_of",
     "normalize_msgtype",
     "read_recording",
+    "recording_info",
     "topic_to_stream",
 ]
 
@@ -66,6 +68,22 @@ def normalize_msgtype(msgtype: str) -> str:
     """``pkg/Type`` → ``pkg/msg/Type``; other forms unchanged."""
     parts = msgtype.split("/")
     return f"{parts[0]}/msg/{parts[1]}" if len(parts) == 2 else msgtype
+
+
+def _to_ros2(msg: Any, typename: str, store: Any) -> Any:
+    """Rebuild a ROS 1 message as the ROS 2 type of the same name (``D`` → ``d``, no
+    ``Header.seq``), recursively."""
+    _, fields = store.fielddefs[typename]
+    values = {}
+    for name, (kind, spec) in fields:
+        value = getattr(msg, name) if hasattr(msg, name) else getattr(msg, name.upper())
+        kind_name = getattr(kind, "name", "")
+        if kind_name == "NAME":
+            value = _to_ros2(value, spec, store)
+        elif kind_name in ("ARRAY", "SEQUENCE") and getattr(spec[0][0], "name", "") == "NAME":
+            value = [_to_ros2(v, spec[0][1], store) for v in value]
+        values[name] = value
+    return store.types[typename](**values)
 
 
 def _stamp(message: Any) -> tuple[int, str]:
@@ -130,8 +148,14 @@ def read_recording(
                     # ROS 1 definitions differ (e.g. Header.seq): write CDR with the ROS 2 store
                     # when it knows the type, so ROS 2 readers decode it.
                     msg = reader.deserialize(raw, conn.msgtype)
-                    out_store = ros2 if norm in ros2.fielddefs else store
-                    cdr = bytes(out_store.serialize_cdr(msg, norm if out_store is ros2 else names[conn.id]))
+                    if norm in ros2.fielddefs:
+                        try:
+                            cdr = bytes(ros2.serialize_cdr(msg, norm))
+                        except AttributeError:  # ROS 1 field names differ (CameraInfo D, K, R, P)
+                            msg = _to_ros2(msg, norm, ros2)
+                            cdr = bytes(ros2.serialize_cdr(msg, norm))
+                    else:
+                        cdr = bytes(store.serialize_cdr(msg, names[conn.id]))
                 else:
                     msg = store.deserialize_cdr(raw, names[conn.id])
                     cdr = bytes(raw)
@@ -169,3 +193,47 @@ _MODALITIES = {
 def modality_of(msgtype: str) -> str:
     """The modality name a ROS type maps to (``other`` if unknown)."""
     return _MODALITIES.get(msgtype, "other")
+
+
+@dataclass(frozen=True, slots=True)
+class RecordingInfo:
+    """Extent of one or more recordings (log time, ns)."""
+
+    start_ns: int
+    end_ns: int
+    message_count: int
+    topics: dict[str, str]
+    counts: dict[str, int]
+
+    @property
+    def duration_s(self) -> float:
+        """Log-time span in seconds."""
+        return (self.end_ns - self.start_ns) / 1e9
+
+
+def recording_info(paths: Sequence[str | Path] | str | Path) -> RecordingInfo:
+    """Start, end, message count and topic types of recordings, from their indexes.
+
+    Raises:
+        RecordingError: A path is missing or cannot be opened.
+    """
+    from rosbags.highlevel import AnyReader, AnyReaderError
+
+    plist = [Path(p) for p in ([paths] if isinstance(paths, (str, Path)) else paths)]
+    for p in plist:
+        if not p.exists():
+            raise RecordingError(f"recording {str(p)!r} does not exist")
+    try:
+        with AnyReader(plist, default_typestore=typestore()) as r:
+            counts: dict[str, int] = {}
+            for c in r.connections:
+                counts[c.topic] = counts.get(c.topic, 0) + int(c.msgcount)
+            return RecordingInfo(
+                int(r.start_time),
+                int(r.end_time),
+                int(r.message_count),
+                {c.topic: normalize_msgtype(c.msgtype) for c in r.connections},
+                counts,
+            )
+    except (AnyReaderError, OSError, ValueError, KeyError) as err:
+        raise RecordingError(f"cannot open recording {', '.join(map(str, plist))}: {err}") from err

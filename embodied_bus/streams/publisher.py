@@ -70,6 +70,7 @@ class Publisher:
         stamp_ns: int,
         encoding: str | None = None,
         frame_id: str | None = None,
+        stamp_fallback: bool = False,
     ) -> Header:
         """Publish one sample without awaiting (the asyncio methods wrap this).
 
@@ -80,6 +81,8 @@ class Publisher:
                 used and the header carries ``STAMP_FALLBACK``.
             encoding: Overrides the publisher's encoding for this sample.
             frame_id: Overrides the publisher's frame_id for this sample.
+            stamp_fallback: ``stamp_ns`` is not a sensor stamp but a substitute (e.g. a
+                recording's log time for a zero header stamp): flag it ``STAMP_FALLBACK``.
 
         Returns:
             The header that was sent.
@@ -112,7 +115,7 @@ class Publisher:
                     else " (PublisherOptions.max_payload_bytes)"
                 )
             )
-        flags = HeaderFlags.NONE
+        flags = HeaderFlags.STAMP_FALLBACK if stamp_fallback else HeaderFlags.NONE
         now_ns = time.time_ns()
         if stamp_ns == 0:
             stamp_ns = now_ns
@@ -148,13 +151,16 @@ class Publisher:
         stamp_ns: int,
         encoding: str | None = None,
         frame_id: str | None = None,
+        stamp_fallback: bool = False,
     ) -> Header:
         """Publish one sample (see :meth:`publish_nowait`); use :meth:`flush` to wait for it.
 
         Under ``BLOCK`` this awaits while the engine's send queue is full, without blocking
         the event loop.
         """
-        header = self.publish_nowait(payload, stamp_ns=stamp_ns, encoding=encoding, frame_id=frame_id)
+        header = self.publish_nowait(
+            payload, stamp_ns=stamp_ns, encoding=encoding, frame_id=frame_id, stamp_fallback=stamp_fallback
+        )
         if self._pub.backlog() > self._high_water:
             await self._pub.wait_writable()
         return header
