@@ -10,7 +10,14 @@ from recordings import RECORDINGS, recording
 
 from embodied_bus import BusConfigError, SubscriptionOptions, open_bus
 from embodied_bus.model import HeaderFlags
-from embodied_bus.replay import RecordingError, ReplayOptions, recording_info, replay
+from embodied_bus.replay import (
+    RecordedMessage,
+    RecordingError,
+    ReplayOptions,
+    read_recording,
+    recording_info,
+    replay,
+)
 from embodied_bus.ros import ConversionError, decode_cdr
 
 from conftest import zenoh_urls
@@ -35,6 +42,7 @@ def test_the_shared_recordings_are_all_found() -> None:
 @pytest.mark.parametrize("path", RECS, ids=[str(p.relative_to(RECORDINGS)) for p in RECS])
 async def test_every_recording_replays_each_message_decoded_or_skipped_with_a_reason(path: Path) -> None:
     info = recording_info(path)
+    decoded = sum(1 for m in read_recording(path) if isinstance(m, RecordedMessage))  # all decoded
     url, _ = zenoh_urls()
     async with open_bus(url, namespace="rp") as bus:
         summary = await replay(bus, [path], ReplayOptions(fast=True))
@@ -44,6 +52,7 @@ async def test_every_recording_replays_each_message_decoded_or_skipped_with_a_re
     assert doc["total"] > 0
     assert set(doc["messages"]) | skipped_topics == {t for t, n in info.counts.items() if n}
     assert all(doc["messages"][t] == info.counts[t] for t in doc["messages"])  # every message
+    assert decoded == doc["total"]
     if "uf_gps_nav_vehicle" in str(path):
         assert set(doc["skipped"]) == {"/vehicle_command_ackermann"}
         assert "ackermann_msgs/msg/AckermannDriveStamped" in doc["skipped"]["/vehicle_command_ackermann"]

@@ -155,7 +155,7 @@ async def _read_ahead(
 
     def produce() -> None:
         try:
-            for item in read_recording(paths, topics=topics):
+            for item in read_recording(paths, topics=topics, decode=False):
                 while not cancelled.is_set():
                     try:
                         q.put(item, timeout=0.2)

@@ -7,6 +7,7 @@ reported once as :class:`SkippedTopic` and never raises.
 
 from __future__ import annotations
 
+import struct
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -43,7 +44,8 @@ class RecordedMessage:
         stamp_ns: ``header.stamp`` in nanoseconds, 0 if the message has no header or a zero stamp.
         frame_id: ``header.frame_id`` (empty without a header).
         cdr: The message as ROS 2 CDR (little endian, with the encapsulation header).
-        message: The deserialized rosbags message.
+        message: The deserialized rosbags message (None when read with ``decode=False``; see
+            :meth:`decoded`).
     """
 
     topic: str
@@ -53,6 +55,12 @@ class RecordedMessage:
     frame_id: str
     cdr: bytes
     message: Any
+
+    def decoded(self) -> Any:
+        """The deserialized message (decoded now if it was read with ``decode=False``)."""
+        if self.message is not None:
+            return self.message
+        return typestore().deserialize_cdr(self.cdr, self.msgtype)
 
 
 @dataclass(frozen=True, slots=True)
@@ -86,6 +94,25 @@ def _to_ros2(msg: Any, typename: str, store: Any) -> Any:
     return store.types[typename](**values)
 
 
+def _has_header_first(store: Any, typename: str) -> bool | None:
+    """True if the type starts with ``std_msgs/msg/Header`` (stamp readable from CDR); else None."""
+    fields = store.fielddefs[typename][1]
+    if fields and fields[0][0] == "header" and fields[0][1][1] == "std_msgs/msg/Header":
+        return True
+    return None
+
+
+def _cdr_header(cdr: bytes) -> tuple[int, str]:
+    """``header.stamp`` (ns) and ``header.frame_id`` of a little-endian CDR message whose first
+    field is a std_msgs/Header: int32 sec, uint32 nanosec, uint32 length, string."""
+    if cdr[1] != 1:  # big-endian CDR: let the full decoder handle it
+        sec, nsec, n = struct.unpack_from(">iII", cdr, 4)
+    else:
+        sec, nsec, n = struct.unpack_from("<iII", cdr, 4)
+    frame_id = cdr[16 : 16 + max(0, n - 1)].decode(errors="replace")
+    return sec * 1_000_000_000 + nsec, frame_id
+
+
 def _stamp(message: Any) -> tuple[int, str]:
     header = getattr(message, "header", None)
     stamp = getattr(header, "stamp", None)
@@ -95,13 +122,19 @@ def _stamp(message: Any) -> tuple[int, str]:
 
 
 def read_recording(
-    paths: Sequence[str | Path] | str | Path, *, topics: Sequence[str] | None = None
+    paths: Sequence[str | Path] | str | Path,
+    *,
+    topics: Sequence[str] | None = None,
+    decode: bool = True,
 ) -> Iterator[RecordedMessage | SkippedTopic]:
     """Yield the messages of one or more recordings in log-time order.
 
     Args:
         paths: rosbag2 directories, bare ``.db3``/``.mcap`` files or ROS 1 ``.bag`` files.
         topics: Only these topics (default: all).
+        decode: Deserialize every message (validates it and fills ``message``). With False,
+            rosbag2 messages are passed through as CDR and only the first message of each topic
+            is fully decoded; the header stamp and frame_id are read from the CDR directly.
 
     Raises:
         RecordingError: A path is missing or is not a recording rosbags can open.
@@ -139,6 +172,8 @@ def read_recording(
                 continue
             usable.append(c)
         failed: set[str] = set()
+        checked: set[int] = set()
+        header_first: dict[int, bool | None] = {}
         for conn, log_ns, raw in reader.messages(connections=usable):
             norm = normalize_msgtype(conn.msgtype)
             if conn.topic in failed:
@@ -156,9 +191,17 @@ def read_recording(
                             cdr = bytes(ros2.serialize_cdr(msg, norm))
                     else:
                         cdr = bytes(store.serialize_cdr(msg, names[conn.id]))
+                elif not decode and conn.id in checked and header_first.get(conn.id) is not None:
+                    cdr = bytes(raw)
+                    stamp_ns, frame_id = _cdr_header(cdr)
+                    yield RecordedMessage(conn.topic, norm, int(log_ns), stamp_ns, frame_id, cdr, None)
+                    continue
                 else:
                     msg = store.deserialize_cdr(raw, names[conn.id])
                     cdr = bytes(raw)
+                    if conn.id not in checked:
+                        checked.add(conn.id)
+                        header_first[conn.id] = _has_header_first(store, names[conn.id])
             except Exception as err:  # rosbags raises assorted errors on bad data
                 failed.add(conn.topic)
                 yield SkippedTopic(conn.topic, norm, f"cannot decode: {type(err).__name__}: {err}")
