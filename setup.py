@@ -34,6 +34,8 @@ setup(
         "numpy>=1.24",
         "pyyaml>=6",
         "rich>=13",
+        "matplotlib>=3.7",
+        "mcap>=1.1",
     ],
     extras_require={
         "pulsar": ["pulsar-client>=3.5,<4"],

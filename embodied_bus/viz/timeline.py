@@ -1,0 +1,102 @@
+"""Fusion timeline PNG: per bucket, which modalities arrived, the skew and the latency."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+from embodied_bus.errors import EmbodiedBusError
+
+__all__ = ["load_frame_summaries", "plot_timeline"]
+
+
+def load_frame_summaries(path: str | Path) -> list[dict[str, Any]]:
+    """Frame summaries from ``fuse --frames-out`` JSON lines or from an MCAP made by ``record``
+    (its ``/frames/<name>/meta`` channels).
+
+    Raises:
+        EmbodiedBusError: The file is missing, empty or not one of those formats.
+    """
+    p = Path(path)
+    if not p.exists():
+        raise EmbodiedBusError(f"{str(p)!r} does not exist")
+    frames: list[dict[str, Any]] = []
+    if p.suffix == ".mcap":
+        from mcap.reader import make_reader
+
+        with open(p, "rb") as fh:
+            for _, channel, message in make_reader(fh).iter_messages():
+                if channel.topic.endswith("/meta") and channel.message_encoding == "json":
+                    frames.append(json.loads(message.data))
+    else:
+        for n, line in enumerate(p.read_text().splitlines(), 1):
+            if line.strip():
+                try:
+                    frames.append(json.loads(line))
+                except json.JSONDecodeError as err:
+                    raise EmbodiedBusError(f"{p}:{n}: not a JSON frame line: {err}") from err
+    frames = [f for f in frames if f.get("pane", 0) == 0 and "bucket" in f]
+    if not frames:
+        raise EmbodiedBusError(f"no frames in {str(p)!r}")
+    return sorted(frames, key=lambda f: f["bucket"])
+
+
+def plot_timeline(frames: list[dict[str, Any]], out: str | Path, *, title: str = "") -> Path:
+    """Draw the timeline and write a PNG.
+
+    Rows: one band per stream (green = present, red = missing, grey = no data expected);
+    then the max member skew per frame, then added and end-to-end latency (ms).
+    """
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    import numpy as np
+
+    streams = sorted({s for f in frames for s in list(f.get("members", {})) + list(f.get("missing", []))})
+    t0 = frames[0]["reference_stamp_ns"]
+    t = np.array([(f["reference_stamp_ns"] - t0) / 1e9 for f in frames])
+    width = np.median(np.diff(t)) if len(t) > 1 else 0.1
+    fig, axes = plt.subplots(
+        3,
+        1,
+        figsize=(12, 2.2 + 0.45 * len(streams) + 4),
+        sharex=True,
+        gridspec_kw={"height_ratios": [max(1.0, 0.45 * len(streams)), 1.4, 1.4]},
+    )
+    ax = axes[0]
+    for row, stream in enumerate(streams):
+        present = [stream in f.get("members", {}) for f in frames]
+        missing = [stream in f.get("missing", []) for f in frames]
+        colors = [
+            "#2e9d4f" if p else "#d6404a" if m else "#d9d9d9" for p, m in zip(present, missing, strict=True)
+        ]
+        ax.bar(t, 0.8, width=width * 0.95, bottom=row - 0.4, color=colors, align="center", linewidth=0)
+    ax.set_yticks(range(len(streams)), streams)
+    ax.set_ylim(-0.6, len(streams) - 0.4)
+    n_complete = sum(1 for f in frames if f.get("complete"))
+    ax.set_title(
+        title
+        or f"{len(frames)} frames, {100 * n_complete / len(frames):.1f} % complete "
+        "(green: present, red: missing)"
+    )
+    skew = [f.get("max_skew_ms") or 0.0 for f in frames]
+    axes[1].plot(t, skew, ".", ms=3, color="#3a6fb0")
+    axes[1].set_ylabel("max skew\n(ms)")
+    added = [f.get("added_latency_ms") for f in frames]
+    e2e = [f.get("end_to_end_ms") for f in frames]
+    axes[2].plot(t, [np.nan if v is None else v for v in e2e], ".", ms=3, label="end to end", color="#7a4fb0")
+    axes[2].plot(
+        t, [np.nan if v is None else v for v in added], ".", ms=3, label="added by fusion", color="#e08a1e"
+    )
+    axes[2].set_ylabel("latency\n(ms)")
+    axes[2].legend(loc="upper right", fontsize=8)
+    axes[2].set_xlabel("time since the first frame (s)")
+    for a in axes[1:]:
+        a.grid(alpha=0.3)
+    fig.tight_layout()
+    out = Path(out)
+    fig.savefig(out, dpi=110)
+    plt.close(fig)
+    return out
