@@ -55,5 +55,5 @@ def test_plotting_nothing_is_a_clear_error(tmp_path: Path) -> None:
     with pytest.raises(EmbodiedBusError, match="does not exist"):
         load_frame_summaries(tmp_path / "missing.jsonl")
     (tmp_path / "bad.jsonl").write_text("{not json\n")
-    with pytest.raises(EmbodiedBusError, match="bad.jsonl:1"):
+    with pytest.raises(EmbodiedBusError, match=r"bad\.jsonl:1"):
         load_frame_summaries(tmp_path / "bad.jsonl")
