@@ -26,6 +26,7 @@ setup(
         ("share/" + package_name, ["package.xml"]),
         ("share/" + package_name + "/launch", glob("launch/*.launch.py")),
         ("share/" + package_name + "/config", glob("config/*.yaml")),
+        ("share/" + package_name + "/data/tilt_laser", glob("data/tilt_laser/*")),
     ],
     install_requires=[
         "eclipse-zenoh>=1.10,<2",

@@ -184,3 +184,28 @@ def test_fuse_writes_one_json_line_per_frame(tmp_path) -> None:  # type: ignore[
     assert any("lidar/top" in x["members"] for x in lines)
     summary = json.loads(out)
     assert summary["frames"] == len(lines)
+
+
+def test_the_demo_replays_fuses_records_and_draws_in_short_mode(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    out = run("demo", "--rate", "8", "--json", "--out", str(tmp_path), timeout=120)
+    assert out.returncode == 0, out.stderr
+    doc = json.loads(out.stdout)
+    assert doc["replayed"]["messages"] == {"/scan": 178, "/imu_data": 356, "/position_gps": 356}
+    assert doc["fusion"]["frames"] >= 170 and doc["fusion"]["completeness_pct"] >= 80
+    png = tmp_path / "timeline.png"
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    from embodied_bus.replay import RecordedMessage, read_recording
+
+    recorded = [m for m in read_recording(tmp_path / "demo.mcap") if isinstance(m, RecordedMessage)]
+    topics = {m.topic for m in recorded}
+    assert {"/scan", "/imu", "/gps", "/frames/demo/scan"} <= topics
+    frames = [json.loads(x) for x in (tmp_path / "frames.jsonl").read_text().splitlines()]
+    assert len(frames) == doc["fusion"]["frames"]
+
+
+def test_the_synthetic_demo_still_runs() -> None:
+    out = run("demo", "--synthetic", "--duration", "2", "--json")
+    assert out.returncode == 0, out.stderr
+    rows = json.loads(out.stdout)["streams"]
+    assert {r["stream"] for r in rows} == {"lidar/top", "camera/front", "gps", "imu"}
+    assert all(r["received"] > 0 and r["gaps"] == 0 for r in rows)

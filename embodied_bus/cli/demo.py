@@ -1,4 +1,10 @@
-"""``embodied-bus demo``: synthetic lidar / camera / GPS / IMU over embedded Zenoh, live stats."""
+"""``embodied-bus demo``: the whole product on a real recording, on embedded Zenoh.
+
+The shipped ``tilt_laser`` recording (LaserScan, IMU, GPS; MPL-2.0) is replayed into the bus by a
+"robot" session, a fusion worker assembles one frame per scan, a recorder writes the streams and
+frames to MCAP, and the run ends with a summary, a timeline PNG and the MCAP file.
+``--synthetic`` runs synthetic lidar / camera / GPS / IMU publishers instead.
+"""
 
 from __future__ import annotations
 
@@ -7,15 +13,25 @@ import asyncio
 import json
 import sys
 import time
+from pathlib import Path
+from typing import Any
 
 from embodied_bus.bus import open_bus
 from embodied_bus.cli.common import fmt_table, install_stop_signals
+from embodied_bus.cli.replay import mapping_from_config
 from embodied_bus.cli.streams import drain, stream_rows
+from embodied_bus.fusion.codec import frame_summary
+from embodied_bus.fusion.frame import MultiModalFrame
+from embodied_bus.fusion.spec import load_spec
+from embodied_bus.fusion.worker import FusionWorker, frames_stream
 from embodied_bus.model.qos import SubscriptionOptions
+from embodied_bus.replay.player import ReplayOptions, replay
+from embodied_bus.replay.recorder import record
 from embodied_bus.sim.synthetic import DEFAULT_SENSORS, run_sensor
 from embodied_bus.testing.ports import free_port
+from embodied_bus.viz.timeline import plot_timeline
 
-__all__ = ["add_parser"]
+__all__ = ["add_parser", "demo_files"]
 
 LIVE_COLUMNS = [
     "stream",
@@ -29,24 +45,161 @@ LIVE_COLUMNS = [
 ]
 
 
+def demo_files() -> tuple[Path, Path]:
+    """The shipped recording and the demo config (source tree or installed share/)."""
+    here = Path(__file__).resolve().parents[2]
+    candidates = [here, Path(sys.prefix) / "share" / "embodied_bus"]
+    for base in candidates:
+        bag, cfg = base / "data" / "tilt_laser" / "tilt_laser.bag", base / "config" / "demo.yaml"
+        if bag.exists() and cfg.exists():
+            return bag, cfg
+    raise SystemExit("demo data not found (data/tilt_laser/tilt_laser.bag, config/demo.yaml)")
+
+
 def add_parser(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
-    p = sub.add_parser("demo", help="synthetic sensors over embedded Zenoh with live stats")
-    p.add_argument("--duration", type=float, default=10.0, help="seconds to run (default: 10)")
+    p = sub.add_parser("demo", help="replay a real recording, fuse it, record MCAP, draw a timeline")
+    p.add_argument("--rate", type=float, default=2.0, help="replay speed (default 2x: ~9 s)")
+    p.add_argument("--out", default="out/demo", help="directory for frames.jsonl, demo.mcap, timeline.png")
     p.add_argument("--json", action="store_true", help="print the summary as JSON")
+    p.add_argument("--synthetic", action="store_true", help="synthetic sensors instead of the recording")
+    p.add_argument("--duration", type=float, default=10.0, help="--synthetic: seconds to run")
     p.set_defaults(func=run)
 
 
 async def run(args: argparse.Namespace) -> int:
+    if args.synthetic:
+        return await run_synthetic(args)
+    bag, cfg = demo_files()
+    spec = load_spec(cfg)
+    mapping = mapping_from_config(str(cfg))
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
     stop = asyncio.Event()
     install_stop_signals(stop)
     port = free_port()
-    # Two real Zenoh sessions on loopback: the "robot" (listening peer) and a monitor.
-    robot_url = f"zenoh:?listen=tcp/127.0.0.1:{port}"
-    monitor_url = f"zenoh://127.0.0.1:{port}"
+    tty = sys.stdout.isatty() and not args.json
+    frames_file = (out / "frames.jsonl").open("w")
+    summaries: list[dict[str, Any]] = []
+
+    def on_frame(frame: MultiModalFrame, emitted_ns: int) -> None:
+        line = frame_summary(frame, emitted_ns)
+        summaries.append(line)
+        frames_file.write(json.dumps(line) + "\n")
+
+    def say(text: str) -> None:
+        if not args.json:
+            print(text, flush=True)
+
+    say(
+        f"embodied_bus demo: replaying {bag.name} ({', '.join(sorted(mapping))}) over embedded Zenoh "
+        f"(tcp/127.0.0.1:{port}) at {args.rate:g}x, fusing into {frames_stream(spec)}"
+    )
+    t0 = time.monotonic()
+    try:
+        async with (
+            open_bus(f"zenoh:?listen=tcp/127.0.0.1:{port}", namespace="demo") as robot,
+            open_bus(f"zenoh://127.0.0.1:{port}", namespace="demo") as cloud,
+        ):
+            worker = FusionWorker(cloud, spec, on_frame=on_frame, idle_flush_s=0.5)
+            worker_stop, rec_stop, rec_ready = asyncio.Event(), asyncio.Event(), asyncio.Event()
+            worker_task = asyncio.create_task(worker.run(worker_stop))
+            rec_task = asyncio.create_task(
+                record(
+                    cloud,
+                    out / "demo.mcap",
+                    [*sorted(mapping.values()), frames_stream(spec)],
+                    rec_stop,
+                    ready=rec_ready,
+                )
+            )
+            monitor = await cloud.subscribe(
+                sorted(mapping.values()), options=SubscriptionOptions(capacity=4096)
+            )
+            mon_stop = asyncio.Event()
+            mon_task = asyncio.create_task(drain(monitor, mon_stop))
+            await worker.ready.wait()
+            await rec_ready.wait()
+            progress = {"frac": 0.0}
+            opts = ReplayOptions(rate=args.rate, topics=tuple(mapping), mapping=mapping)
+            replay_task = asyncio.create_task(
+                replay(robot, [bag], opts, stop=stop, progress=lambda f, n: progress.update(frac=f))
+            )
+            while not replay_task.done():
+                await asyncio.wait({replay_task}, timeout=1.0)
+                m = worker.metrics.as_dict()
+                status = (
+                    f"t={time.monotonic() - t0:4.1f}s replay {100 * progress['frac']:5.1f}%  frames "
+                    f"{m['frames']} complete {m['completeness_pct']}%  skew p99 {m['skew_p99_ms']} ms  "
+                    f"late {m['late']}"
+                )
+                if tty:
+                    print(
+                        "\x1b[2J\x1b[H" + status + "\n\n" + fmt_table(stream_rows(monitor), LIVE_COLUMNS),
+                        flush=True,
+                    )
+                elif not args.json:
+                    print(status, flush=True)
+            replayed = replay_task.result().as_dict()
+            deadline = time.monotonic() + 5
+            while worker.assembler.open_buckets and time.monotonic() < deadline:
+                await asyncio.sleep(0.1)  # the worker flushes once input stops
+            worker_stop.set()
+            await worker_task
+            await asyncio.sleep(0.3)
+            rec_stop.set()
+            mon_stop.set()
+            recorded = await rec_task
+            await mon_task
+            fusion = worker.summary()
+            streams = stream_rows(monitor)
+    finally:
+        frames_file.close()
+    png = (
+        plot_timeline(summaries, out / "timeline.png", title=f"{bag.name}: {len(summaries)} frames")
+        if summaries
+        else None
+    )
+    summary = {
+        "recording": str(bag),
+        "rate": args.rate,
+        "wall_s": round(time.monotonic() - t0, 2),
+        "replayed": replayed,
+        "streams": streams,
+        "fusion": fusion,
+        "outputs": {
+            "frames": str(out / "frames.jsonl"),
+            "mcap": str(out / "demo.mcap"),
+            "timeline_png": str(png) if png else None,
+            "mcap_messages": recorded,
+        },
+    }
+    if args.json:
+        print(json.dumps(summary, indent=2))
+    else:
+        print("\nstreams")
+        print(
+            fmt_table(streams, ["stream", "received", "gaps", "dropped", "latency_p50_ms", "latency_p99_ms"])
+        )
+        print(
+            f"\nfusion: {fusion['frames']} frames, {fusion['completeness_pct']}% complete, presence "
+            f"{fusion['presence_pct']}, skew p50/p99 {fusion['skew_p50_ms']}/{fusion['skew_p99_ms']} ms, "
+            f"added latency p99 {fusion['added_latency_p99_ms']} ms, late {fusion['late']}"
+        )
+        print(
+            f"outputs: {summary['outputs']['frames']}, {summary['outputs']['mcap']}, "
+            f"{summary['outputs']['timeline_png']}"
+        )
+    return 0 if fusion["frames"] > 0 else 1
+
+
+async def run_synthetic(args: argparse.Namespace) -> int:
+    stop = asyncio.Event()
+    install_stop_signals(stop)
+    port = free_port()
     tty = sys.stdout.isatty() and not args.json
     async with (
-        open_bus(robot_url, namespace="demo") as robot,
-        open_bus(monitor_url, namespace="demo") as monitor,
+        open_bus(f"zenoh:?listen=tcp/127.0.0.1:{port}", namespace="demo") as robot,
+        open_bus(f"zenoh://127.0.0.1:{port}", namespace="demo") as monitor,
     ):
         sub = await monitor.subscribe(None, options=SubscriptionOptions(capacity=4096))
         pubs = [
@@ -58,15 +211,9 @@ async def run(args: argparse.Namespace) -> int:
         drainer = asyncio.create_task(drain(sub, stop))
         sensors = [
             asyncio.create_task(run_sensor(p, s, stop, seed=i))
-            for i, (p, s) in enumerate(zip(pubs, DEFAULT_SENSORS, strict=False))
+            for i, (p, s) in enumerate(zip(pubs, DEFAULT_SENSORS, strict=True))
         ]
         t0 = time.monotonic()
-        if not args.json:
-            print(
-                f"embodied_bus demo: 4 synthetic sensors over embedded Zenoh "
-                f"(tcp/127.0.0.1:{port}) for {args.duration:g} s",
-                flush=True,
-            )
         while not stop.is_set() and time.monotonic() - t0 < args.duration:
             try:
                 await asyncio.wait_for(stop.wait(), 1.0)
@@ -74,37 +221,25 @@ async def run(args: argparse.Namespace) -> int:
                 pass
             if not args.json:
                 table = fmt_table(stream_rows(sub), LIVE_COLUMNS)
-                if tty:
-                    print("\x1b[2J\x1b[H" + f"t = {time.monotonic() - t0:4.1f} s\n" + table, flush=True)
-                else:
-                    print(f"-- t = {time.monotonic() - t0:4.1f} s\n{table}", flush=True)
+                prefix = "\x1b[2J\x1b[H" if tty else "-- "
+                print(f"{prefix}t = {time.monotonic() - t0:4.1f} s\n{table}", flush=True)
         stop.set()
-        sent = dict(zip([s.stream for s in DEFAULT_SENSORS], await asyncio.gather(*sensors), strict=False))
-        # give in-flight samples a moment to land before the final numbers
+        sent = dict(zip([s.stream for s in DEFAULT_SENSORS], await asyncio.gather(*sensors), strict=True))
         deadline = time.monotonic() + 2.0
         while time.monotonic() < deadline and any(
             sub.stats.get(k) is None or sub.stats[k].received < v for k, v in sent.items()
         ):
             await asyncio.sleep(0.02)
-        drainer.cancel()
+        await drainer
         rows = stream_rows(sub)
         for r in rows:
             r["sent"] = sent.get(str(r["stream"]), 0)
-        summary = {
-            "bus": "zenoh (embedded peers on loopback)",
-            "duration_s": args.duration,
-            "streams": rows,
-            "malformed": sub.malformed,
-        }
-        if args.json:
-            print(json.dumps(summary, indent=2))
-        else:
-            print("\nsummary")
-            print(
-                fmt_table(
-                    rows,
-                    ["stream", "sent", "received", "gaps", "dropped", "latency_p50_ms", "latency_p99_ms"],
-                )
+    if args.json:
+        print(json.dumps({"streams": rows}, indent=2))
+    else:
+        print(
+            fmt_table(
+                rows, ["stream", "sent", "received", "gaps", "dropped", "latency_p50_ms", "latency_p99_ms"]
             )
-        ok = all(r["received"] for r in rows) and len(rows) == len(DEFAULT_SENSORS)
-    return 0 if ok else 1
+        )
+    return 0 if len(rows) == len(DEFAULT_SENSORS) else 1

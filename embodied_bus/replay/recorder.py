@@ -4,7 +4,7 @@
   ``ros2msg`` generated from the typestore), log time = receive time, publish time = header stamp.
 * A fused frame stream becomes one channel per member stream, ``/<frames stream>/<member>``, with
   the member's own type and stamps, plus ``/<frames stream>/meta`` (JSON: bucket, missing,
-  skew, latency).
+  skew, latency) as a ``std_msgs/msg/String``, so the file stays a plain ROS 2 MCAP.
 * Other encodings (``npy``, ``raw``...) are stored schemaless with the encoding as message
   encoding, so nothing is lost even if Foxglove cannot draw them.
 """
@@ -110,8 +110,19 @@ class McapRecorder:
                         mh.stamp_ns,
                         mh.seq,
                     )
-            meta = json.dumps(frame_summary(frame, sample.receive_ns)).encode()
-            self._write(f"{topic}/meta", "json", meta, sample.receive_ns, frame.reference_stamp_ns, h.seq)
+            ts = typestore()
+            meta = ts.serialize_cdr(
+                ts.types["std_msgs/msg/String"](data=json.dumps(frame_summary(frame, sample.receive_ns))),
+                "std_msgs/msg/String",
+            )
+            self._write(
+                f"{topic}/meta",
+                "cdr:std_msgs/msg/String",
+                meta,
+                sample.receive_ns,
+                frame.reference_stamp_ns,
+                h.seq,
+            )
             return
         self._write(topic, h.encoding, sample.payload, sample.receive_ns, h.stamp_ns, h.seq)
 

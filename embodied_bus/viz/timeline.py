@@ -7,6 +7,7 @@ from pathlib import Path
 from typing import Any
 
 from embodied_bus.errors import EmbodiedBusError
+from embodied_bus.ros.conversions import typestore
 
 __all__ = ["load_frame_summaries", "plot_timeline"]
 
@@ -26,9 +27,14 @@ def load_frame_summaries(path: str | Path) -> list[dict[str, Any]]:
         from mcap.reader import make_reader
 
         with open(p, "rb") as fh:
-            for _, channel, message in make_reader(fh).iter_messages():
-                if channel.topic.endswith("/meta") and channel.message_encoding == "json":
-                    frames.append(json.loads(message.data))
+            for schema, channel, message in make_reader(fh).iter_messages():
+                if (
+                    channel.topic.endswith("/meta")
+                    and schema is not None
+                    and schema.name == "std_msgs/msg/String"
+                ):
+                    text = typestore().deserialize_cdr(message.data, "std_msgs/msg/String").data
+                    frames.append(json.loads(text))
     else:
         for n, line in enumerate(p.read_text().splitlines(), 1):
             if line.strip():
@@ -81,12 +87,28 @@ def plot_timeline(frames: list[dict[str, Any]], out: str | Path, *, title: str =
         or f"{len(frames)} frames, {100 * n_complete / len(frames):.1f} % complete "
         "(green: present, red: missing)"
     )
-    skew = [f.get("max_skew_ms") or 0.0 for f in frames]
-    axes[1].plot(t, skew, ".", ms=3, color="#3a6fb0")
-    axes[1].set_ylabel("max skew\n(ms)")
+    for stream in streams:  # skew of each stream's (first) member to the reference stamp
+        sk = [
+            abs(f["members"][stream][0].get("skew_ms", 0.0))
+            if stream in f.get("members", {}) and isinstance(f["members"][stream][0], dict)
+            else np.nan
+            for f in frames
+        ]
+        if np.nanmax(np.asarray(sk, dtype=float), initial=0.0) > 0:
+            axes[1].plot(t, sk, ".", ms=3, label=stream)
+    axes[1].set_ylabel("|skew| to\nreference (ms)")
+    if axes[1].get_legend_handles_labels()[0]:
+        axes[1].legend(loc="upper right", fontsize=8)
     added = [f.get("added_latency_ms") for f in frames]
     e2e = [f.get("end_to_end_ms") for f in frames]
-    axes[2].plot(t, [np.nan if v is None else v for v in e2e], ".", ms=3, label="end to end", color="#7a4fb0")
+    e2e_ok = [v for v in e2e if v is not None and abs(v) < 60_000]
+    if len(e2e_ok) == len(e2e):
+        axes[2].plot(t, e2e, ".", ms=3, label="end to end", color="#7a4fb0")
+    else:
+        axes[2].set_title(
+            "end-to-end latency not drawn: stamps are not on the wall clock (a replayed recording)",
+            fontsize=8,
+        )
     axes[2].plot(
         t, [np.nan if v is None else v for v in added], ".", ms=3, label="added by fusion", color="#e08a1e"
     )
