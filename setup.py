@@ -37,6 +37,7 @@ setup(
         "rich>=13",
         "matplotlib>=3.7",
         "mcap>=1.1",
+        "prometheus-client>=0.17",
     ],
     extras_require={
         "pulsar": ["pulsar-client>=3.5,<4"],

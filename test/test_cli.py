@@ -209,3 +209,63 @@ def test_the_synthetic_demo_still_runs() -> None:
     rows = json.loads(out.stdout)["streams"]
     assert {r["stream"] for r in rows} == {"lidar/top", "camera/front", "gps", "imu"}
     assert all(r["received"] > 0 and r["gaps"] == 0 for r in rows)
+
+
+def test_top_shows_streams_and_fusion_and_fuse_serves_prometheus_metrics() -> None:
+    import urllib.request
+
+    port, mport = free_port(), free_port()
+    fuse = subprocess.Popen(
+        [
+            *CLI,
+            "fuse",
+            "--config",
+            "config/fusion.yaml",
+            "--bus",
+            f"zenoh:?listen=tcp/127.0.0.1:{port}",
+            "--ns",
+            "clitop",
+            "--duration",
+            "8",
+            "--json",
+            "--metrics-port",
+            str(mport),
+        ],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    top = subprocess.Popen(
+        [*CLI, "top", "--bus", f"zenoh://127.0.0.1:{port}", "--ns", "clitop", "--duration", "5", "--json"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        pub = run(
+            "pub",
+            "lidar/top",
+            "--bus",
+            f"zenoh://127.0.0.1:{port}",
+            "--ns",
+            "clitop",
+            "--rate",
+            "20",
+            "--count",
+            "40",
+            "--wait-subscriber",
+            "20",
+        )
+        assert pub.returncode == 0, pub.stderr
+        metrics = urllib.request.urlopen(f"http://127.0.0.1:{mport}/metrics", timeout=10).read().decode()
+        top_out, _ = top.communicate(timeout=60)
+        fuse.communicate(timeout=60)
+    finally:
+        top.kill()
+        fuse.kill()
+    assert "embodied_bus_fusion_frames_total" in metrics
+    last = json.loads(top_out.splitlines()[-1])
+    assert any(r["stream"] == "lidar/top" for r in last["streams"])
+    assert (
+        last["fusion"] and last["fusion"][0]["pipeline"] == "frames/fused" and last["fusion"][0]["frames"] > 0
+    )

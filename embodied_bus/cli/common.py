@@ -11,7 +11,7 @@ from typing import Any
 
 from embodied_bus.engines.urls import DEFAULT_URL
 
-__all__ = ["add_bus_args", "fmt_table", "install_stop_signals"]
+__all__ = ["add_bus_args", "add_metrics_arg", "fmt_table", "install_stop_signals"]
 
 
 def add_bus_args(parser: argparse.ArgumentParser) -> None:
@@ -26,6 +26,17 @@ def add_bus_args(parser: argparse.ArgumentParser) -> None:
         "--ns",
         default=os.environ.get("EMBODIED_BUS_NAMESPACE"),
         help="robot namespace (default: ns= in the URL, else 'default')",
+    )
+
+
+def add_metrics_arg(parser: argparse.ArgumentParser) -> None:
+    """``--metrics-port``: serve Prometheus metrics."""
+    parser.add_argument(
+        "--metrics-port",
+        type=int,
+        default=None,
+        metavar="PORT",
+        help="serve Prometheus metrics on this port (/metrics)",
     )
 
 

@@ -10,12 +10,13 @@ import time
 from typing import IO
 
 from embodied_bus.bus import open_bus
-from embodied_bus.cli.common import add_bus_args, install_stop_signals
+from embodied_bus.cli.common import add_bus_args, add_metrics_arg, install_stop_signals
 from embodied_bus.fusion.codec import frame_summary
 from embodied_bus.fusion.frame import MultiModalFrame
 from embodied_bus.fusion.spec import load_spec
 from embodied_bus.fusion.stages import load_stages, run_stage
 from embodied_bus.fusion.worker import FusionWorker, frames_stream
+from embodied_bus.metrics import MetricsExporter
 
 __all__ = ["add_parser"]
 
@@ -36,6 +37,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-ar
     )
     p.add_argument("--worker-id", default=None, help="ring member id (default: random)")
     p.add_argument("--stages", metavar="FILE", help="also run the stages of this YAML in this process")
+    add_metrics_arg(p)
     p.set_defaults(func=run)
 
 
@@ -55,6 +57,9 @@ async def run(args: argparse.Namespace) -> int:
             worker = FusionWorker(
                 bus, spec, on_frame=on_frame, scale_out=args.scale_out, worker_id=args.worker_id
             )
+            exporter = MetricsExporter(args.metrics_port) if args.metrics_port is not None else None
+            if exporter is not None:
+                exporter.add_fusion(worker.summary)
             task = asyncio.create_task(worker.run(stop))
             stage_tasks = [asyncio.create_task(run_stage(bus, st, stop)) for st in stages]
             t0 = time.monotonic()
@@ -83,6 +88,8 @@ async def run(args: argparse.Namespace) -> int:
             await task
             await asyncio.gather(*stage_tasks)
             summary = worker.summary()
+            if exporter is not None:
+                exporter.close()
     finally:
         if out is not None:
             out.close()
