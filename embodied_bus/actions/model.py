@@ -1,0 +1,195 @@
+"""Actions, attempts and their states: plain values, and the JSON envelope with its limits."""
+
+from __future__ import annotations
+
+import enum
+import json
+import re
+import uuid
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+from embodied_bus.errors import EmbodiedBusError
+
+__all__ = [
+    "MAX_KIND_CHARS",
+    "MAX_PAYLOAD_BYTES",
+    "Action",
+    "ActionError",
+    "ActionStatus",
+    "Attempt",
+    "decode_action",
+    "encode_action",
+]
+
+#: Largest JSON payload of an action, in bytes.
+MAX_PAYLOAD_BYTES = 256 * 1024
+#: Longest action kind / idempotency key / executor name.
+MAX_KIND_CHARS = 128
+
+_KIND_RE = re.compile(r"^[A-Za-z0-9_.\-/]+$")
+
+
+class ActionError(EmbodiedBusError, ValueError):
+    """An action is invalid (unknown kind, bad payload, too large); the message says why."""
+
+
+class ActionStatus(str, enum.Enum):
+    """Where an action is in its life."""
+
+    QUEUED = "queued"
+    RUNNING = "running"
+    RETRYING = "retrying"
+    SUCCEEDED = "succeeded"
+    DEAD = "dead"
+    CANCELED = "canceled"
+
+    @property
+    def terminal(self) -> bool:
+        """No further change will happen."""
+        return self in (ActionStatus.SUCCEEDED, ActionStatus.DEAD, ActionStatus.CANCELED)
+
+
+@dataclass(frozen=True, slots=True)
+class Attempt:
+    """One try of an action by an executor.
+
+    Attributes:
+        number: 1 for the first try.
+        executor: Executor id.
+        started_ns: When it was leased (UTC ns).
+        ended_ns: When it ended (0 while running).
+        outcome: ``ok``, ``nack``, ``rejected``, ``lost`` (executor died or the lease expired),
+            ``canceled``.
+        reason: Error text for anything but ``ok``.
+    """
+
+    number: int
+    executor: str
+    started_ns: int
+    ended_ns: int = 0
+    outcome: str = ""
+    reason: str = ""
+
+
+@dataclass(slots=True)
+class Action:
+    """A command for robot executors.
+
+    Attributes:
+        kind: What to do (``navigate_to``, ``pick``, ``dock``, ``e_stop``...).
+        payload: JSON-compatible arguments.
+        priority: 0 (routine) to 9 (urgent); higher is dispatched first.
+        deadline_ns: Never start after this UTC ns (0: no deadline).
+        idempotency_key: Submitting the same key twice yields the same action.
+        selector: Executor labels required (all must match), e.g. ``{"arm": "left"}``.
+        id: Unique id (UUID4 hex), set on creation.
+        status: Current state.
+        attempts: Every try so far, with executor and reason.
+        result: The handler's JSON result once succeeded.
+        checkpoint: The last checkpoint a handler saved (resumed by the next attempt).
+        created_ns: Submission time (UTC ns).
+        cancel_requested: A running action was asked to stop.
+        budget_from: Attempts before this index do not count toward the retry limit (a
+            dead-lettered action that was requeued).
+    """
+
+    kind: str
+    payload: Any = None
+    priority: int = 0
+    deadline_ns: int = 0
+    idempotency_key: str | None = None
+    selector: dict[str, str] = field(default_factory=dict)
+    id: str = field(default_factory=lambda: uuid.uuid4().hex)
+    status: ActionStatus = ActionStatus.QUEUED
+    attempts: list[Attempt] = field(default_factory=list)
+    result: Any = None
+    checkpoint: Any = None
+    created_ns: int = 0
+    cancel_requested: bool = False
+    budget_from: int = 0
+
+    def validate(self) -> Action:
+        """Check kind, priority, payload size and selector; return self.
+
+        Raises:
+            ActionError: What is wrong, named.
+        """
+        if not isinstance(self.kind, str) or not _KIND_RE.match(self.kind) or len(self.kind) > MAX_KIND_CHARS:
+            raise ActionError(f"invalid action kind {self.kind!r}: use letters, digits, '_', '-', '.', '/'")
+        if (
+            isinstance(self.priority, bool)
+            or not isinstance(self.priority, int)
+            or not 0 <= self.priority <= 9
+        ):
+            raise ActionError(f"priority must be an integer 0..9, got {self.priority!r}")
+        if not isinstance(self.deadline_ns, int) or self.deadline_ns < 0:
+            raise ActionError(f"deadline_ns must be a non-negative integer, got {self.deadline_ns!r}")
+        if self.idempotency_key is not None and (
+            not isinstance(self.idempotency_key, str) or not 0 < len(self.idempotency_key) <= MAX_KIND_CHARS
+        ):
+            raise ActionError(f"idempotency_key must be 1..{MAX_KIND_CHARS} characters")
+        if not isinstance(self.selector, dict) or not all(
+            isinstance(k, str) and isinstance(v, str) for k, v in self.selector.items()
+        ):
+            raise ActionError("selector must map label names to string values")
+        try:
+            size = len(json.dumps(self.payload))
+        except (TypeError, ValueError) as err:
+            raise ActionError(f"payload of a {self.kind!r} action is not JSON-serializable: {err}") from err
+        if size > MAX_PAYLOAD_BYTES:
+            raise ActionError(f"payload of {size} bytes exceeds the limit of {MAX_PAYLOAD_BYTES} bytes")
+        return self
+
+    @property
+    def attempt_count(self) -> int:
+        """Tries so far (crashes included)."""
+        return len(self.attempts)
+
+    def executors_tried(self) -> set[str]:
+        """Executors that already tried and failed this action."""
+        return {a.executor for a in self.attempts if a.outcome in ("nack", "lost")}
+
+
+def encode_action(action: Action) -> bytes:
+    """Action → JSON envelope bytes."""
+    d = asdict(action)
+    d["status"] = action.status.value
+    return json.dumps(d, separators=(",", ":")).encode()
+
+
+def decode_action(data: bytes | str) -> Action:
+    """JSON envelope → validated Action.
+
+    Raises:
+        ActionError: Not JSON, missing or mistyped fields, or invalid values.
+    """
+    if isinstance(data, bytes) and len(data) > MAX_PAYLOAD_BYTES + 64 * 1024:
+        raise ActionError(f"action envelope of {len(data)} bytes is too large")
+    try:
+        d = json.loads(data)
+    except (UnicodeDecodeError, json.JSONDecodeError) as err:
+        raise ActionError(f"action envelope is not valid JSON: {err}") from err
+    if not isinstance(d, dict) or "kind" not in d:
+        raise ActionError("action envelope must be a JSON object with a kind")
+    try:
+        attempts = [Attempt(**a) for a in d.get("attempts", [])]
+        action = Action(
+            kind=d["kind"],
+            payload=d.get("payload"),
+            priority=d.get("priority", 0),
+            deadline_ns=d.get("deadline_ns", 0),
+            idempotency_key=d.get("idempotency_key"),
+            selector=d.get("selector") or {},
+            id=str(d.get("id") or uuid.uuid4().hex),
+            status=ActionStatus(d.get("status", "queued")),
+            attempts=attempts,
+            result=d.get("result"),
+            checkpoint=d.get("checkpoint"),
+            created_ns=int(d.get("created_ns", 0)),
+            cancel_requested=bool(d.get("cancel_requested", False)),
+            budget_from=int(d.get("budget_from", 0)),
+        )
+    except (TypeError, ValueError) as err:
+        raise ActionError(f"action envelope is malformed: {err}") from err
+    return action.validate()

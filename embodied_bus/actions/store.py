@@ -1,0 +1,412 @@
+"""A durable action queue in SQLite (WAL, fsync on commit): an acknowledged submit survives
+``kill -9``. Transport-free: the Zenoh queue service serves it over queryables.
+
+Dispatch order: highest priority first, FIFO within a priority. Deadlines are checked at lease
+time: an action past its deadline is never started, it is dead-lettered as expired. Attempts
+are counted here (leases that expire count as ``lost`` attempts), not by any broker.
+"""
+
+from __future__ import annotations
+
+import sqlite3
+import time
+from collections.abc import Iterable, Mapping
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+from embodied_bus.actions.model import (
+    Action,
+    ActionError,
+    ActionStatus,
+    Attempt,
+    decode_action,
+    encode_action,
+)
+from embodied_bus.actions.policy import DEFAULT_RETRY, RetryPolicy
+
+__all__ = ["ActionStore"]
+
+_SCHEMA = """
+CREATE TABLE IF NOT EXISTS actions (
+    id TEXT PRIMARY KEY,
+    kind TEXT NOT NULL,
+    priority INTEGER NOT NULL,
+    deadline_ns INTEGER NOT NULL,
+    idem TEXT UNIQUE,
+    status TEXT NOT NULL,
+    available_ns INTEGER NOT NULL,
+    lease_owner TEXT,
+    lease_until_ns INTEGER,
+    seq INTEGER NOT NULL,
+    body TEXT NOT NULL
+);
+CREATE INDEX IF NOT EXISTS ready ON actions(status, priority DESC, seq);
+"""
+_READY = (ActionStatus.QUEUED.value, ActionStatus.RETRYING.value)
+
+
+def _now() -> int:
+    return time.time_ns()
+
+
+class ActionStore:
+    """The queue's state on disk.
+
+    Args:
+        path: SQLite file (``:memory:`` for tests of pure logic).
+        policy: Retry policy applied on nack and lost leases.
+    """
+
+    def __init__(self, path: str | Path, policy: RetryPolicy = DEFAULT_RETRY) -> None:
+        self.path = str(path)
+        self.policy = policy
+        self._db = sqlite3.connect(self.path, isolation_level=None, check_same_thread=False)
+        self._db.execute("PRAGMA journal_mode=WAL")
+        self._db.execute("PRAGMA synchronous=FULL")
+        self._db.executescript(_SCHEMA)
+        (self._seq,) = self._db.execute("SELECT COALESCE(MAX(seq), 0) FROM actions").fetchone()
+
+    def close(self) -> None:
+        """Close the database."""
+        self._db.close()
+
+    # ------------------------------------------------------------------ helpers
+    def _tx(self) -> sqlite3.Connection:
+        self._db.execute("BEGIN IMMEDIATE")
+        return self._db
+
+    def _save(
+        self, a: Action, *, available_ns: int | None = None, lease: tuple[str, int] | None = None
+    ) -> None:
+        self._db.execute(
+            "UPDATE actions SET status=?, body=?, available_ns=COALESCE(?, available_ns), lease_owner=?, "
+            "lease_until_ns=? WHERE id=?",
+            (
+                a.status.value,
+                encode_action(a).decode(),
+                available_ns,
+                lease[0] if lease else None,
+                lease[1] if lease else None,
+                a.id,
+            ),
+        )
+
+    def _load(self, action_id: str) -> Action | None:
+        row = self._db.execute("SELECT body FROM actions WHERE id=?", (action_id,)).fetchone()
+        return decode_action(row[0]) if row else None
+
+    # ------------------------------------------------------------------ planner side
+    def submit(self, action: Action, now_ns: int | None = None) -> tuple[Action, bool]:
+        """Store a new action (durably, before returning).
+
+        Returns:
+            The stored action and True if it is new, or the existing action with the same
+            idempotency key and False.
+
+        Raises:
+            ActionError: The action is invalid.
+        """
+        action.validate()
+        now = now_ns if now_ns is not None else _now()
+        a = replace(action, status=ActionStatus.QUEUED, attempts=[], created_ns=action.created_ns or now)
+        db = self._tx()
+        try:
+            if a.idempotency_key is not None:
+                row = db.execute("SELECT body FROM actions WHERE idem=?", (a.idempotency_key,)).fetchone()
+                if row:
+                    db.execute("COMMIT")
+                    return decode_action(row[0]), False
+            self._seq += 1
+            db.execute(
+                "INSERT INTO actions (id, kind, priority, deadline_ns, idem, status, available_ns, seq, "
+                "body) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                (
+                    a.id,
+                    a.kind,
+                    a.priority,
+                    a.deadline_ns,
+                    a.idempotency_key,
+                    a.status.value,
+                    now,
+                    self._seq,
+                    encode_action(a).decode(),
+                ),
+            )
+            db.execute("COMMIT")
+        except sqlite3.IntegrityError as err:
+            db.execute("ROLLBACK")
+            raise ActionError(f"action id {a.id!r} already exists") from err
+        except BaseException:
+            db.execute("ROLLBACK")
+            raise
+        return a, True
+
+    def get(self, action_id: str) -> Action | None:
+        """The action with this id (a restarted planner looks its actions up here)."""
+        return self._load(action_id)
+
+    def cancel(self, action_id: str, now_ns: int | None = None) -> Action | None:
+        """Cancel: a queued action is removed from dispatch at once; a running one is flagged
+        (its executor sees ``cancel_requested`` on its next lease extension)."""
+        db = self._tx()
+        try:
+            a = self._load(action_id)
+            if a is None or a.status.terminal:
+                db.execute("COMMIT")
+                return a
+            if a.status is ActionStatus.RUNNING:
+                a.cancel_requested = True
+                db.execute("UPDATE actions SET body=? WHERE id=?", (encode_action(a).decode(), a.id))
+            else:
+                a.status = ActionStatus.CANCELED
+                self._save(a)
+            db.execute("COMMIT")
+            return a
+        except BaseException:
+            db.execute("ROLLBACK")
+            raise
+
+    # ------------------------------------------------------------------ executor side
+    def lease(
+        self,
+        executor: str,
+        kinds: Iterable[str],
+        *,
+        labels: Mapping[str, str] | None = None,
+        lease_s: float = 10.0,
+        live_executors: Iterable[str] = (),
+        now_ns: int | None = None,
+    ) -> Action | None:
+        """Hand the most urgent ready action of these kinds to ``executor`` (or None).
+
+        Actions past their deadline are dead-lettered as expired on the way. An action this
+        executor already failed is skipped while another live executor could take it.
+        """
+        now = now_ns if now_ns is not None else _now()
+        kinds = list(kinds)
+        if not kinds:
+            return None
+        labels = dict(labels or {})
+        live = set(live_executors) | {executor}
+        marks = ",".join("?" * len(kinds))
+        db = self._tx()
+        try:
+            rows = db.execute(
+                f"SELECT id, body FROM actions WHERE status IN (?, ?) AND kind IN ({marks}) "
+                "AND available_ns <= ? ORDER BY priority DESC, seq LIMIT 256",
+                (*_READY, *kinds, now),
+            ).fetchall()
+            chosen: Action | None = None
+            for _, body in rows:
+                a = decode_action(body)
+                if a.deadline_ns and a.deadline_ns < now:
+                    a.attempts.append(
+                        Attempt(
+                            a.attempt_count + 1,
+                            "",
+                            now,
+                            now,
+                            "expired",
+                            "deadline passed before the action started",
+                        )
+                    )
+                    a.status = ActionStatus.DEAD
+                    self._save(a)
+                    continue
+                if any(labels.get(k) != v for k, v in a.selector.items()):
+                    continue
+                if executor not in RetryPolicy.prefer(live, a.executors_tried()):
+                    continue
+                chosen = a
+                break
+            if chosen is not None:
+                chosen.attempts.append(Attempt(chosen.attempt_count + 1, executor, now))
+                chosen.status = ActionStatus.RUNNING
+                self._save(chosen, lease=(executor, now + int(lease_s * 1e9)))
+            db.execute("COMMIT")
+            return chosen
+        except BaseException:
+            db.execute("ROLLBACK")
+            raise
+
+    def extend(
+        self, action_id: str, executor: str, lease_s: float = 10.0, now_ns: int | None = None
+    ) -> Action:
+        """Extend a lease while the handler runs; returns the action (check ``cancel_requested``).
+
+        Raises:
+            ActionError: The executor does not hold the lease (it expired and moved on).
+        """
+        now = now_ns if now_ns is not None else _now()
+        db = self._tx()
+        try:
+            row = db.execute(
+                "SELECT lease_owner, body FROM actions WHERE id=? AND status=?",
+                (action_id, ActionStatus.RUNNING.value),
+            ).fetchone()
+            if row is None or row[0] != executor:
+                raise ActionError(f"{executor} does not hold a lease on action {action_id}")
+            db.execute(
+                "UPDATE actions SET lease_until_ns=? WHERE id=?", (now + int(lease_s * 1e9), action_id)
+            )
+            db.execute("COMMIT")
+            return decode_action(row[1])
+        except BaseException:
+            db.execute("ROLLBACK")
+            raise
+
+    def checkpoint(self, action_id: str, executor: str, state: Any) -> None:
+        """Save resumable progress of a running action (the next attempt receives it)."""
+        db = self._tx()
+        try:
+            a = self._held(action_id, executor)
+            a.checkpoint = state
+            db.execute("UPDATE actions SET body=? WHERE id=?", (encode_action(a).decode(), a.id))
+            db.execute("COMMIT")
+        except BaseException:
+            db.execute("ROLLBACK")
+            raise
+
+    def _held(self, action_id: str, executor: str) -> Action:
+        row = self._db.execute(
+            "SELECT lease_owner, body FROM actions WHERE id=? AND status=?",
+            (action_id, ActionStatus.RUNNING.value),
+        ).fetchone()
+        if row is None or row[0] != executor:
+            raise ActionError(f"{executor} does not hold a lease on action {action_id}")
+        return decode_action(row[1])
+
+    def _end_attempt(self, a: Action, outcome: str, reason: str, now: int) -> None:
+        last = a.attempts[-1]
+        a.attempts[-1] = replace(last, ended_ns=now, outcome=outcome, reason=reason)
+
+    def ack(self, action_id: str, executor: str, result: Any = None, now_ns: int | None = None) -> Action:
+        """The handler returned: the action succeeded with ``result``."""
+        now = now_ns if now_ns is not None else _now()
+        db = self._tx()
+        try:
+            a = self._held(action_id, executor)
+            self._end_attempt(a, "ok", "", now)
+            a.status = (
+                ActionStatus.CANCELED if a.cancel_requested and result is None else ActionStatus.SUCCEEDED
+            )
+            a.result = result
+            self._save(a)
+            db.execute("COMMIT")
+            return a
+        except BaseException:
+            db.execute("ROLLBACK")
+            raise
+
+    def nack(
+        self,
+        action_id: str,
+        executor: str,
+        reason: str,
+        *,
+        permanent: bool = False,
+        now_ns: int | None = None,
+    ) -> Action:
+        """The handler failed: retry after a backoff, or dead-letter (permanent or exhausted)."""
+        now = now_ns if now_ns is not None else _now()
+        db = self._tx()
+        try:
+            a = self._held(action_id, executor)
+            self._fail(a, "rejected" if permanent else "nack", reason, now, permanent)
+            db.execute("COMMIT")
+            return a
+        except BaseException:
+            db.execute("ROLLBACK")
+            raise
+
+    def _fail(self, a: Action, outcome: str, reason: str, now: int, permanent: bool) -> None:
+        self._end_attempt(a, outcome, reason, now)
+        if a.cancel_requested:
+            a.status = ActionStatus.CANCELED
+            self._save(a)
+        elif permanent or self.policy.exhausted(a.attempt_count - a.budget_from):
+            a.status = ActionStatus.DEAD
+            self._save(a)
+        else:
+            a.status = ActionStatus.RETRYING
+            self._save(a, available_ns=now + int(self.policy.backoff_s(a.attempt_count) * 1e9))
+
+    def release_lost(self, *, executor: str | None = None, now_ns: int | None = None) -> list[Action]:
+        """Take back the actions whose lease expired, or all leases of a dead ``executor``;
+        each counts as a ``lost`` attempt (retried elsewhere, or dead-lettered when exhausted)."""
+        now = now_ns if now_ns is not None else _now()
+        db = self._tx()
+        try:
+            if executor is None:
+                rows = db.execute(
+                    "SELECT id FROM actions WHERE status=? AND lease_until_ns < ?",
+                    (ActionStatus.RUNNING.value, now),
+                ).fetchall()
+            else:
+                rows = db.execute(
+                    "SELECT id FROM actions WHERE status=? AND lease_owner=?",
+                    (ActionStatus.RUNNING.value, executor),
+                ).fetchall()
+            out = []
+            for (aid,) in rows:
+                a = self._load(aid)
+                assert a is not None
+                who = a.attempts[-1].executor if a.attempts else "?"
+                self._fail(
+                    a, "lost", f"executor {who} stopped answering (lease expired or process died)", now, False
+                )
+                out.append(a)
+            db.execute("COMMIT")
+            return out
+        except BaseException:
+            db.execute("ROLLBACK")
+            raise
+
+    # ------------------------------------------------------------------ dead letters and metrics
+    def dead_letters(self) -> list[Action]:
+        """Actions in the dead-letter queue, oldest first, with every attempt's reason."""
+        rows = self._db.execute(
+            "SELECT body FROM actions WHERE status=? ORDER BY seq", (ActionStatus.DEAD.value,)
+        ).fetchall()
+        return [decode_action(r[0]) for r in rows]
+
+    def requeue(self, action_id: str, now_ns: int | None = None) -> Action:
+        """Give a dead-lettered action a fresh set of attempts (its history is kept)."""
+        now = now_ns if now_ns is not None else _now()
+        db = self._tx()
+        try:
+            a = self._load(action_id)
+            if a is None or a.status is not ActionStatus.DEAD:
+                raise ActionError(f"action {action_id} is not in the dead-letter queue")
+            a.status = ActionStatus.QUEUED
+            a.deadline_ns = 0 if a.deadline_ns and a.deadline_ns < now else a.deadline_ns
+            a.budget_from = a.attempt_count  # a fresh attempt budget; the history stays
+            self._save(a, available_ns=now)
+            db.execute("UPDATE actions SET deadline_ns=? WHERE id=?", (a.deadline_ns, a.id))
+            db.execute("COMMIT")
+            return a
+        except BaseException:
+            db.execute("ROLLBACK")
+            raise
+
+    def purge_dead(self) -> int:
+        """Delete the dead-letter queue; returns how many were removed."""
+        cur = self._db.execute("DELETE FROM actions WHERE status=?", (ActionStatus.DEAD.value,))
+        return cur.rowcount
+
+    def backlog(self) -> dict[str, dict[str, int]]:
+        """Counts per ``kind/priority`` and state (queued, leased, retrying, dead), for autoscalers."""
+        out: dict[str, dict[str, int]] = {}
+        for kind, prio, status, n in self._db.execute(
+            "SELECT kind, priority, status, COUNT(*) FROM actions GROUP BY kind, priority, status"
+        ):
+            key = f"{kind}/p{prio}"
+            name = {"running": "leased"}.get(status, status)
+            out.setdefault(key, {"queued": 0, "leased": 0, "retrying": 0, "dead": 0})
+            out[key][name] = out[key].get(name, 0) + int(n)
+        return out
+
+    def stats(self) -> dict[str, Any]:
+        """Totals per state."""
+        return dict(self._db.execute("SELECT status, COUNT(*) FROM actions GROUP BY status").fetchall())

@@ -1,0 +1,201 @@
+"""The durable action queue and retry policy, transport-free (SQLite on disk)."""
+
+from __future__ import annotations
+
+import random
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from embodied_bus import BusConfigError
+from embodied_bus.actions import (
+    Action,
+    ActionError,
+    ActionStatus,
+    ActionStore,
+    RetryPolicy,
+    decode_action,
+    encode_action,
+)
+
+S = 1_000_000_000
+FAST = RetryPolicy(max_attempts=3, initial_backoff_s=1.0, max_backoff_s=10.0, jitter=0.0)
+
+
+@pytest.fixture
+def store(tmp_path: Path) -> ActionStore:
+    return ActionStore(tmp_path / "q.db", policy=FAST)
+
+
+def test_an_urgent_action_overtakes_a_backlog_and_each_priority_is_fifo(store: ActionStore) -> None:
+    moves = [store.submit(Action("navigate_to", {"i": i}, priority=1), now_ns=i)[0].id for i in range(1000)]
+    stop = store.submit(Action("e_stop", priority=9), now_ns=2000)[0]
+    dock = store.submit(Action("dock", priority=5), now_ns=2001)[0]
+    order = [store.lease("ex", ["navigate_to", "e_stop", "dock"], now_ns=3000) for _ in range(4)]
+    assert [a.id for a in order if a] == [stop.id, dock.id, moves[0], moves[1]]
+
+
+def test_the_same_idempotency_key_yields_the_same_action(store: ActionStore) -> None:
+    a, new = store.submit(Action("pick", {"obj": "cup"}, idempotency_key="goal-42"))
+    b, again = store.submit(Action("pick", {"obj": "cup"}, idempotency_key="goal-42"))
+    assert new and not again and a.id == b.id
+    assert store.lease("ex", ["pick"]) is not None and store.lease("ex", ["pick"]) is None
+
+
+def test_a_nacked_action_is_retried_after_backoff_on_another_executor(store: ActionStore) -> None:
+    a, _ = store.submit(Action("pick"), now_ns=0)
+    assert store.lease("ex1", ["pick"], live_executors=["ex2"], now_ns=0).id == a.id  # type: ignore[union-attr]
+    store.nack(a.id, "ex1", "gripper slipped", now_ns=1 * S)
+    assert store.get(a.id).status is ActionStatus.RETRYING  # type: ignore[union-attr]
+    assert store.lease("ex2", ["pick"], live_executors=["ex1"], now_ns=int(1.5 * S)) is None  # backoff 1 s
+    assert store.lease("ex1", ["pick"], live_executors=["ex2"], now_ns=3 * S) is None  # ex1 failed it
+    again = store.lease("ex2", ["pick"], live_executors=["ex1"], now_ns=3 * S)
+    assert again is not None and again.attempt_count == 2 and again.attempts[0].reason == "gripper slipped"
+
+
+def test_the_failed_executor_retries_when_it_is_the_only_one_alive(store: ActionStore) -> None:
+    a, _ = store.submit(Action("pick"), now_ns=0)
+    store.lease("ex1", ["pick"], now_ns=0)
+    store.nack(a.id, "ex1", "try again", now_ns=0)
+    assert store.lease("ex1", ["pick"], now_ns=5 * S) is not None
+
+
+def test_a_poison_action_ends_in_the_dead_letter_queue_with_every_reason(store: ActionStore) -> None:
+    a, _ = store.submit(Action("dock"), now_ns=0)
+    t = 0
+    for n in range(3):
+        t += 100 * S
+        leased = store.lease(f"ex{n}", ["dock"], now_ns=t)
+        assert leased is not None
+        store.nack(a.id, f"ex{n}", f"charger not found ({n})", now_ns=t)
+    dead = store.dead_letters()
+    assert [d.id for d in dead] == [a.id]
+    assert [x.reason for x in dead[0].attempts] == [f"charger not found ({n})" for n in range(3)]
+    assert [x.executor for x in dead[0].attempts] == ["ex0", "ex1", "ex2"]
+    requeued = store.requeue(a.id, now_ns=t)
+    assert requeued.status is ActionStatus.QUEUED and store.lease("ex9", ["dock"], now_ns=t) is not None
+    assert store.get(a.id).attempt_count == 4  # type: ignore[union-attr]  # history kept
+
+
+def test_a_permanent_failure_dead_letters_at_once(store: ActionStore) -> None:
+    a, _ = store.submit(Action("pick"))
+    store.lease("ex", ["pick"])
+    assert store.nack(a.id, "ex", "object does not exist", permanent=True).status is ActionStatus.DEAD
+
+
+def test_an_action_past_its_deadline_is_never_started(store: ActionStore) -> None:
+    a, _ = store.submit(Action("navigate_to", deadline_ns=10 * S), now_ns=0)
+    assert store.lease("ex", ["navigate_to"], now_ns=11 * S) is None
+    dead = store.get(a.id)
+    assert dead is not None and dead.status is ActionStatus.DEAD
+    assert dead.attempts[-1].outcome == "expired" and dead.attempts[-1].executor == ""
+
+
+def test_a_lost_lease_counts_an_attempt_and_hands_over_with_the_checkpoint(store: ActionStore) -> None:
+    a, _ = store.submit(Action("navigate_to"), now_ns=0)
+    store.lease("ex1", ["navigate_to"], lease_s=5, now_ns=0)
+    store.checkpoint(a.id, "ex1", {"waypoint": 3})
+    store.extend(a.id, "ex1", lease_s=5, now_ns=4 * S)
+    assert store.release_lost(now_ns=8 * S) == []  # extended: still held
+    lost = store.release_lost(now_ns=20 * S)
+    assert [x.id for x in lost] == [a.id] and lost[0].attempts[0].outcome == "lost"
+    again = store.lease("ex2", ["navigate_to"], live_executors=["ex1"], now_ns=30 * S)
+    assert again is not None and again.checkpoint == {"waypoint": 3} and again.attempt_count == 2
+    with pytest.raises(ActionError, match="does not hold a lease"):
+        store.ack(a.id, "ex1")  # the old executor came back too late
+    assert store.ack(a.id, "ex2", {"ok": True}).status is ActionStatus.SUCCEEDED
+
+
+def test_a_dead_executor_gives_back_everything_it_held(store: ActionStore) -> None:
+    ids = [store.submit(Action("pick", {"i": i}))[0].id for i in range(3)]
+    for _ in ids:
+        store.lease("ex1", ["pick"], lease_s=600)
+    back = store.release_lost(executor="ex1")
+    assert sorted(a.id for a in back) == sorted(ids)
+    assert all(a.status is ActionStatus.RETRYING for a in back)
+
+
+def test_cancel_removes_a_queued_action_and_flags_a_running_one(store: ActionStore) -> None:
+    q, _ = store.submit(Action("pick"))
+    r, _ = store.submit(Action("dock", priority=9))
+    store.lease("ex", ["dock"])
+    assert store.cancel(q.id).status is ActionStatus.CANCELED  # type: ignore[union-attr]
+    assert store.lease("ex", ["pick"]) is None
+    assert store.cancel(r.id).cancel_requested  # type: ignore[union-attr]
+    assert store.extend(r.id, "ex").cancel_requested
+    assert store.nack(r.id, "ex", "stopped on request").status is ActionStatus.CANCELED
+
+
+def test_selectors_route_actions_to_matching_executors(store: ActionStore) -> None:
+    a, _ = store.submit(Action("pick", selector={"arm": "left"}))
+    assert store.lease("right-arm", ["pick"], labels={"arm": "right"}) is None
+    assert store.lease("left-arm", ["pick"], labels={"arm": "left"}).id == a.id  # type: ignore[union-attr]
+
+
+def test_backlog_counts_per_kind_priority_and_state(store: ActionStore) -> None:
+    for _ in range(3):
+        store.submit(Action("pick", priority=2))
+    store.lease("ex", ["pick"])
+    assert store.backlog() == {"pick/p2": {"queued": 2, "leased": 1, "retrying": 0, "dead": 0}}
+
+
+def test_an_acknowledged_submit_survives_kill_9(tmp_path: Path) -> None:
+    db = tmp_path / "q.db"
+    code = (
+        f"import os, sys; sys.path.insert(0, {str(Path(__file__).resolve().parents[1])!r})\n"
+        "from embodied_bus.actions import ActionStore, Action\n"
+        f"s = ActionStore({str(db)!r})\n"
+        "a, _ = s.submit(Action('dock', {'bay': 2}, priority=7))\n"
+        "print(a.id, flush=True)\n"
+        "os.kill(os.getpid(), 9)\n"
+    )
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert proc.returncode == -9
+    action_id = proc.stdout.strip()
+    again = ActionStore(db).get(action_id)
+    assert again is not None and again.payload == {"bay": 2} and again.priority == 7
+
+
+@pytest.mark.parametrize(
+    ("action", "message"),
+    [
+        (Action("pick up"), "invalid action kind"),
+        (Action("pick", priority=10), "priority"),
+        (Action("pick", payload={"x": object()}), "not JSON-serializable"),
+        (Action("pick", payload="x" * 300_000), "exceeds the limit"),
+        (Action("pick", selector={"arm": 1}), "selector"),  # type: ignore[dict-item]
+    ],
+)
+def test_bad_actions_are_refused_with_a_clear_error(store: ActionStore, action: Action, message: str) -> None:
+    with pytest.raises(ActionError, match=message):
+        store.submit(action)
+
+
+@pytest.mark.parametrize("blob", [b"", b"{", b"[1,2]", b'{"kind": 3}', b'{"kind": "x", "priority": "high"}'])
+def test_malformed_envelopes_raise_action_errors(blob: bytes) -> None:
+    with pytest.raises(ActionError):
+        decode_action(blob)
+
+
+def test_envelopes_round_trip() -> None:
+    a = Action(
+        "navigate_to",
+        {"x": 1.5, "y": -2},
+        priority=3,
+        deadline_ns=5,
+        idempotency_key="k",
+        selector={"a": "b"},
+    )
+    assert decode_action(encode_action(a)) == a
+
+
+def test_backoff_grows_exponentially_with_bounded_jitter() -> None:
+    p = RetryPolicy(initial_backoff_s=1, max_backoff_s=8, multiplier=2, jitter=0.25)
+    rng = random.Random(1)
+    for failures, base in ((1, 1), (2, 2), (3, 4), (4, 8), (9, 8)):
+        d = p.backoff_s(failures, rng)
+        assert base * 0.75 <= d <= base * 1.25
+    with pytest.raises(BusConfigError):
+        RetryPolicy(max_attempts=0)
