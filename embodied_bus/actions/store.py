@@ -364,6 +364,37 @@ class ActionStore:
             raise
 
     # ------------------------------------------------------------------ dead letters and metrics
+    def expire_deadlines(self, now_ns: int | None = None) -> list[Action]:
+        """Dead-letter every waiting action whose deadline passed (it is never started)."""
+        now = now_ns if now_ns is not None else _now()
+        db = self._tx()
+        try:
+            rows = db.execute(
+                "SELECT body FROM actions WHERE status IN (?, ?) AND deadline_ns > 0 AND deadline_ns < ?",
+                (*_READY, now),
+            ).fetchall()
+            out = []
+            for (body,) in rows:
+                a = decode_action(body)
+                a.attempts.append(
+                    Attempt(
+                        a.attempt_count + 1,
+                        "",
+                        now,
+                        now,
+                        "expired",
+                        "deadline passed before the action started",
+                    )
+                )
+                a.status = ActionStatus.DEAD
+                self._save(a)
+                out.append(a)
+            db.execute("COMMIT")
+            return out
+        except BaseException:
+            db.execute("ROLLBACK")
+            raise
+
     def dead_letters(self) -> list[Action]:
         """Actions in the dead-letter queue, oldest first, with every attempt's reason."""
         rows = self._db.execute(

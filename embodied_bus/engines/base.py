@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import abc
 from collections.abc import Callable
-from typing import Protocol
+from typing import Any, Protocol
 
 from embodied_bus.model.qos import PublisherOptions, SubscriptionOptions
 from embodied_bus.model.wire import Header
@@ -134,6 +134,28 @@ class Engine(abc.ABC):
             NotImplementedError: The engine has no liveliness (Pulsar: use Key_Shared instead).
         """
         raise NotImplementedError(f"the {self.name} engine has no group membership")
+
+    def serve(self, name: str, handler: Callable[[bytes], bytes]) -> Any:
+        """Answer requests on ``name`` with ``handler`` (called from engine threads); returns a
+        handle with ``undeclare()``.
+
+        Raises:
+            NotImplementedError: The engine has no request/reply (Pulsar).
+        """
+        raise NotImplementedError(f"the {self.name} engine has no request/reply")
+
+    async def request(self, name: str, payload: bytes, timeout_s: float) -> bytes | None:
+        """Ask the service ``name``; None if nobody answered within ``timeout_s`` seconds."""
+        raise NotImplementedError(f"the {self.name} engine has no request/reply")
+
+    def notify(self, topic: str, payload: bytes) -> None:
+        """Fire-and-forget message on a lightweight topic (no header, no sequence)."""
+        raise NotImplementedError(f"the {self.name} engine has no lightweight topics")
+
+    def listen(self, topic: str, callback: Callable[[str, bytes], None]) -> Any:
+        """Receive ``notify`` messages (``topic`` may end in ``/**``); returns a handle with
+        ``undeclare()``; the callback gets (topic, payload) on an engine thread."""
+        raise NotImplementedError(f"the {self.name} engine has no lightweight topics")
 
     @abc.abstractmethod
     async def close(self) -> None:

@@ -409,6 +409,46 @@ class ZenohEngine(Engine):
             return _ZenohMulti([_ZenohSubscriber(self, self.key(s), sink) for s in stream])
         return _ZenohSubscriber(self, self.key(stream), sink)
 
+    def _svc_key(self, name: str) -> str:
+        return f"eb/{self.settings.namespace}/@svc/{name}"
+
+    def serve(self, name: str, handler: Callable[[bytes], bytes]) -> Any:
+        self._check()
+
+        def on_query(query: zenoh.Query) -> None:
+            payload = query.payload.to_bytes() if query.payload is not None else b""
+            try:
+                answer = handler(payload)
+            except Exception as err:  # a failing handler must not kill the queryable
+                answer = json.dumps({"error": f"{type(err).__name__}: {err}"}).encode()
+            query.reply(query.key_expr, answer)
+
+        return self.session.declare_queryable(self._svc_key(name), on_query, complete=True)
+
+    async def request(self, name: str, payload: bytes, timeout_s: float) -> bytes | None:
+        self._check()
+
+        def ask() -> bytes | None:
+            for reply in self.session.get(self._svc_key(name), payload=payload, timeout=timeout_s):
+                if reply.ok is not None:
+                    return reply.ok.payload.to_bytes()
+            return None
+
+        return await asyncio.to_thread(ask)
+
+    def notify(self, topic: str, payload: bytes) -> None:
+        self._check()
+        self.session.put(f"eb/{self.settings.namespace}/@n/{topic}", payload)
+
+    def listen(self, topic: str, callback: Callable[[str, bytes], None]) -> Any:
+        self._check()
+        prefix = f"eb/{self.settings.namespace}/@n/"
+
+        def on_sample(sample: zenoh.Sample) -> None:
+            callback(str(sample.key_expr)[len(prefix) :], sample.payload.to_bytes())
+
+        return self.session.declare_subscriber(prefix + topic, on_sample)
+
     async def watch_group(self, group: str, on_change: MembershipCallback) -> GroupMembership:
         self._check()
         if not group or any(c in group for c in "*$#?@"):

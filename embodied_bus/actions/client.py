@@ -1,0 +1,156 @@
+"""Planner API: submit actions, await results, stream feedback, cancel, look up by id."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections.abc import AsyncIterator, Sequence
+from typing import Any
+
+from embodied_bus.actions.model import Action, ActionError, ActionStatus, decode_action, encode_action
+from embodied_bus.actions.service import SERVICE
+from embodied_bus.bus import Bus
+from embodied_bus.errors import BusConnectionError
+
+__all__ = ["ActionHandle", "Planner"]
+
+#: How long a request waits for the queue service, seconds.
+REQUEST_TIMEOUT_S = 5.0
+
+
+class Planner:
+    """Sends actions through the queue service of a bus."""
+
+    def __init__(self, bus: Bus, *, timeout_s: float = REQUEST_TIMEOUT_S) -> None:
+        self.bus = bus
+        self.timeout_s = timeout_s
+
+    async def _call(self, req: dict[str, Any]) -> dict[str, Any]:
+        raw = await self.bus.engine.request(SERVICE, json.dumps(req).encode(), self.timeout_s)
+        if raw is None:
+            raise BusConnectionError(f"no action queue service answered within {self.timeout_s:g} s")
+        reply: dict[str, Any] = json.loads(raw)
+        if not reply.get("ok"):
+            raise ActionError(str(reply.get("error")))
+        return reply
+
+    async def submit(
+        self,
+        kind: str,
+        payload: Any = None,
+        *,
+        priority: int = 0,
+        deadline_s: float | None = None,
+        idempotency_key: str | None = None,
+        selector: dict[str, str] | None = None,
+    ) -> ActionHandle:
+        """Submit one action; returns once it is durably queued.
+
+        Args:
+            deadline_s: Never start it after this many seconds from now.
+
+        Raises:
+            ActionError: Invalid action (the queue service says why).
+            BusConnectionError: No queue service answered.
+        """
+        import time
+
+        action = Action(
+            kind,
+            payload,
+            priority=priority,
+            idempotency_key=idempotency_key,
+            selector=selector or {},
+            deadline_ns=time.time_ns() + int(deadline_s * 1e9) if deadline_s else 0,
+        ).validate()
+        return (await self.submit_many([action]))[0]
+
+    async def submit_many(self, actions: Sequence[Action]) -> list[ActionHandle]:
+        """Submit a batch in one request."""
+        envs = [json.loads(encode_action(a.validate())) for a in actions]
+        reply = await self._call({"op": "submit", "actions": envs})
+        return [ActionHandle(self, r["id"], duplicate=r["duplicate"]) for r in reply["actions"]]
+
+    async def get(self, action_id: str) -> Action | None:
+        """The current state of an action (results of a planner that was away included)."""
+        reply = await self._call({"op": "get", "id": action_id})
+        return decode_action(json.dumps(reply["action"])) if reply["action"] else None
+
+    async def backlog(self) -> dict[str, Any]:
+        """Queued / leased / retrying / dead counts per kind and priority."""
+        return await self._call({"op": "backlog"})
+
+    async def dead_letters(self) -> list[Action]:
+        """The dead-letter queue with every attempt's reason."""
+        reply = await self._call({"op": "dlq", "what": "list"})
+        return [decode_action(json.dumps(a)) for a in reply["actions"]]
+
+    def handle(self, action_id: str) -> ActionHandle:
+        """A handle on an existing action (e.g. after a planner restart)."""
+        return ActionHandle(self, action_id)
+
+
+class ActionHandle:
+    """One submitted action: status, result, feedback, cancel."""
+
+    def __init__(self, planner: Planner, action_id: str, *, duplicate: bool = False) -> None:
+        self.planner = planner
+        self.id = action_id
+        #: The submit matched an earlier action with the same idempotency key.
+        self.duplicate = duplicate
+
+    async def status(self) -> ActionStatus:
+        """Current status."""
+        a = await self.planner.get(self.id)
+        if a is None:
+            raise ActionError(f"unknown action {self.id}")
+        return a.status
+
+    async def result(self, timeout_s: float | None = None) -> Action:
+        """Wait until the action ends (succeeded, dead-lettered or canceled); returns it."""
+        loop = asyncio.get_running_loop()
+        done: asyncio.Future[Action] = loop.create_future()
+
+        def settle(a: Action) -> None:
+            if not done.done():
+                done.set_result(a)
+
+        def on_result(_topic: str, payload: bytes) -> None:
+            loop.call_soon_threadsafe(settle, decode_action(payload))
+
+        sub = self.planner.bus.engine.listen(f"actions/result/{self.id}", on_result)
+        try:
+            current = await self.planner.get(self.id)  # it may have ended before we listened
+            if current is not None and current.status.terminal:
+                return current
+            return await asyncio.wait_for(done, timeout_s)
+        finally:
+            sub.undeclare()
+
+    async def feedback(self) -> AsyncIterator[Any]:
+        """Feedback messages of the running action until it ends."""
+        q: asyncio.Queue[Any] = asyncio.Queue()
+        loop = asyncio.get_running_loop()
+        end = object()
+
+        def on_fb(_topic: str, payload: bytes) -> None:
+            loop.call_soon_threadsafe(q.put_nowait, json.loads(payload))
+
+        def on_result(_topic: str, _payload: bytes) -> None:
+            loop.call_soon_threadsafe(q.put_nowait, end)
+
+        subs = [
+            self.planner.bus.engine.listen(f"actions/fb/{self.id}", on_fb),
+            self.planner.bus.engine.listen(f"actions/result/{self.id}", on_result),
+        ]
+        try:
+            while (item := await q.get()) is not end:
+                yield item
+        finally:
+            for s in subs:
+                s.undeclare()
+
+    async def cancel(self) -> Action | None:
+        """Cancel: removed if queued, signalled if running."""
+        reply = await self.planner._call({"op": "cancel", "id": self.id})
+        return decode_action(json.dumps(reply["action"])) if reply["action"] else None

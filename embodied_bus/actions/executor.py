@@ -1,0 +1,179 @@
+"""Executor API: handlers per kind, a concurrency limit, leases extended while a handler runs,
+feedback, checkpoints (a retry resumes from the last one), cancel signal, graceful shutdown."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import uuid
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+from embodied_bus.actions.model import Action, decode_action
+from embodied_bus.actions.policy import PermanentFailure
+from embodied_bus.actions.service import EXECUTOR_GROUP, SERVICE
+from embodied_bus.bus import Bus
+
+__all__ = ["ActionContext", "Executor", "Handler"]
+
+_log = logging.getLogger("embodied_bus.actions")
+#: Lease length, seconds; extended every third of it while a handler runs.
+LEASE_S = 3.0
+
+
+class ActionContext:
+    """What a handler gets besides the action."""
+
+    def __init__(self, executor: Executor, action: Action) -> None:
+        self._executor = executor
+        self.action = action
+        #: 1 for the first try.
+        self.attempt = action.attempt_count
+        #: The last checkpoint of an earlier attempt (None on a fresh start).
+        self.previous_checkpoint = action.checkpoint
+        #: Set when the planner cancels the action.
+        self.cancelled = asyncio.Event()
+
+    def feedback(self, data: Any) -> None:
+        """Send progress to the planner (JSON-compatible)."""
+        self._executor.bus.engine.notify(f"actions/fb/{self.action.id}", json.dumps(data).encode())
+
+    async def checkpoint(self, state: Any) -> None:
+        """Save resumable progress durably; a retry elsewhere starts from it."""
+        await self._executor._call(
+            {"op": "checkpoint", "id": self.action.id, "executor": self._executor.name, "state": state}
+        )
+
+
+Handler = Callable[[Action, ActionContext], Awaitable[Any]]
+
+
+class Executor:
+    """Runs handlers for the actions of the kinds it registered.
+
+    Args:
+        bus: The bus with a queue service.
+        name: Executor id (default random); other executors retry what this one failed.
+        concurrency: Handlers running at once.
+        labels: Labels matched against action selectors.
+    """
+
+    def __init__(
+        self, bus: Bus, name: str | None = None, *, concurrency: int = 1, labels: dict[str, str] | None = None
+    ) -> None:
+        self.bus = bus
+        self.name = name or f"ex-{uuid.uuid4().hex[:8]}"
+        self.concurrency = concurrency
+        self.labels = labels or {}
+        self.handlers: dict[str, Handler] = {}
+        self._wake = asyncio.Event()
+        self.completed = 0
+        self.failed = 0
+
+    def handler(self, kind: str) -> Callable[[Handler], Handler]:
+        """Decorator registering a coroutine ``(action, ctx) -> result`` for a kind."""
+
+        def register(fn: Handler) -> Handler:
+            self.handlers[kind] = fn
+            return fn
+
+        return register
+
+    async def _call(self, req: dict[str, Any]) -> dict[str, Any]:
+        raw = await self.bus.engine.request(SERVICE, json.dumps(req).encode(), 5.0)
+        if raw is None:
+            raise ConnectionError("no action queue service answered")
+        reply: dict[str, Any] = json.loads(raw)
+        if not reply.get("ok"):
+            raise RuntimeError(str(reply.get("error")))
+        return reply
+
+    async def _run_one(self, action: Action) -> None:
+        ctx = ActionContext(self, action)
+
+        async def keep_lease() -> None:
+            while True:
+                await asyncio.sleep(LEASE_S / 3)
+                try:
+                    r = await self._call(
+                        {"op": "extend", "id": action.id, "executor": self.name, "lease_s": LEASE_S}
+                    )
+                except (ConnectionError, RuntimeError) as err:
+                    _log.warning("lease on %s lost: %s", action.id, err)
+                    return
+                if r.get("cancel_requested"):
+                    ctx.cancelled.set()
+
+        extender = asyncio.create_task(keep_lease())
+        try:
+            result = await self.handlers[action.kind](action, ctx)
+        except PermanentFailure as err:
+            self.failed += 1
+            await self._call(
+                {
+                    "op": "nack",
+                    "id": action.id,
+                    "executor": self.name,
+                    "reason": str(err) or "rejected",
+                    "permanent": True,
+                }
+            )
+        except Exception as err:
+            self.failed += 1
+            await self._call(
+                {
+                    "op": "nack",
+                    "id": action.id,
+                    "executor": self.name,
+                    "reason": f"{type(err).__name__}: {err}",
+                }
+            )
+        else:
+            self.completed += 1
+            await self._call({"op": "ack", "id": action.id, "executor": self.name, "result": result})
+        finally:
+            extender.cancel()
+
+    async def run(self, stop: asyncio.Event) -> None:
+        """Take and run actions until ``stop``; then finish what is running (graceful)."""
+        kinds = sorted(self.handlers)
+        loop = asyncio.get_running_loop()
+
+        def woken(_topic: str, _payload: bytes) -> None:
+            loop.call_soon_threadsafe(self._wake.set)
+
+        subs = [self.bus.engine.listen(f"actions/wake/{k}", woken) for k in kinds]
+        group = await self.bus.engine.watch_group(EXECUTOR_GROUP, lambda *_: None)
+        await group.announce(self.name, "up")
+        running: set[asyncio.Task[None]] = set()
+        try:
+            while not stop.is_set():
+                if len(running) >= self.concurrency:
+                    await asyncio.wait(running, return_when=asyncio.FIRST_COMPLETED)
+                    continue
+                self._wake.clear()
+                reply = await self._call(
+                    {
+                        "op": "lease",
+                        "executor": self.name,
+                        "kinds": kinds,
+                        "labels": self.labels,
+                        "lease_s": LEASE_S,
+                    }
+                )
+                if reply["action"] is None:
+                    waiters = {asyncio.create_task(self._wake.wait()), asyncio.create_task(stop.wait())}
+                    await asyncio.wait(waiters, timeout=0.5, return_when=asyncio.FIRST_COMPLETED)
+                    for w in waiters:
+                        w.cancel()
+                    continue
+                task = asyncio.create_task(self._run_one(decode_action(json.dumps(reply["action"]))))
+                running.add(task)
+                task.add_done_callback(running.discard)
+            if running:
+                await asyncio.wait(running)
+        finally:
+            for s in subs:
+                s.undeclare()
+            await group.leave()

@@ -1,0 +1,188 @@
+"""The queue service: an :class:`ActionStore` served over the bus (Zenoh request/reply).
+
+Any process can host it (``embodied-bus queue``, or inside a planner). Requests are JSON:
+``submit``, ``lease``, ``extend``, ``checkpoint``, ``ack``, ``nack``, ``get``, ``cancel``,
+``dlq``, ``backlog``. Executors announce themselves in the ``actions-executors`` group; when
+one dies its leases are released at once (each counts as a lost attempt). Results go out on
+the lightweight topic ``actions/result/<id>`` and are stored, so a planner that was away can
+fetch them with ``get``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+from embodied_bus.actions.model import Action, ActionError, decode_action, encode_action
+from embodied_bus.actions.policy import DEFAULT_RETRY, RetryPolicy
+from embodied_bus.actions.store import ActionStore
+from embodied_bus.bus import Bus
+
+__all__ = ["EXECUTOR_GROUP", "SERVICE", "QueueService"]
+
+#: Request/reply service name.
+SERVICE = "actions"
+#: Liveliness group of executors.
+EXECUTOR_GROUP = "actions-executors"
+#: How often expired leases are swept, seconds.
+SWEEP_S = 0.2
+
+
+def _ok(**kw: Any) -> bytes:
+    return json.dumps({"ok": True, **kw}).encode()
+
+
+def _err(msg: str) -> bytes:
+    return json.dumps({"ok": False, "error": msg}).encode()
+
+
+class QueueService:
+    """Serves a durable action queue on a bus.
+
+    Args:
+        bus: The bus to serve on (Zenoh).
+        db_path: SQLite file (WAL, fsync on commit).
+        policy: Retry policy.
+    """
+
+    def __init__(self, bus: Bus, db_path: str | Path, policy: RetryPolicy = DEFAULT_RETRY) -> None:
+        self.bus = bus
+        self.store = ActionStore(db_path, policy)
+        self._lock = threading.Lock()
+        self._live: set[str] = set()
+        self._handle: Any = None
+        self._closed = False
+
+    def _executor_change(self, member: str, _value: str, joined: bool) -> None:
+        with self._lock:
+            if self._closed:
+                return
+            if joined:
+                self._live.add(member)
+                return
+            self._live.discard(member)
+            lost = self.store.release_lost(executor=member)
+        for a in lost:
+            self._wake(a.kind)
+
+    def _wake(self, kind: str) -> None:
+        if not self._closed:
+            try:
+                self.bus.engine.notify(f"actions/wake/{kind}", b"")
+            except Exception:
+                pass
+
+    def _publish_result(self, a: Action) -> None:
+        self.bus.engine.notify(f"actions/result/{a.id}", encode_action(a))
+
+    def handle(self, raw: bytes) -> bytes:
+        """One request (called on engine threads)."""
+        try:
+            req = json.loads(raw)
+            op = req.get("op")
+        except (ValueError, AttributeError):
+            return _err("request is not a JSON object")
+        try:
+            with self._lock:
+                if self._closed:
+                    return _err("the action queue service is shutting down")
+                return self._dispatch(op, req)
+        except ActionError as err:
+            return _err(str(err))
+        except (KeyError, TypeError) as err:
+            return _err(f"bad {op!r} request: missing or wrong field {err}")
+
+    def _dispatch(self, op: str, req: dict[str, Any]) -> bytes:
+        s = self.store
+        if op == "submit":
+            out = []
+            for env in req["actions"]:
+                a, new = s.submit(decode_action(json.dumps(env)))
+                out.append({"id": a.id, "duplicate": not new, "status": a.status.value})
+                if new:
+                    self._wake(a.kind)
+            return _ok(actions=out)
+        if op == "lease":
+            for expired in s.expire_deadlines():
+                self._publish_result(expired)
+            leased = s.lease(
+                req["executor"],
+                req["kinds"],
+                labels=req.get("labels"),
+                lease_s=req.get("lease_s", 10.0),
+                live_executors=self._live,
+            )
+            return _ok(action=json.loads(encode_action(leased)) if leased else None)
+        if op == "extend":
+            a = s.extend(req["id"], req["executor"], req.get("lease_s", 10.0))
+            return _ok(cancel_requested=a.cancel_requested)
+        if op == "checkpoint":
+            s.checkpoint(req["id"], req["executor"], req.get("state"))
+            return _ok()
+        if op == "ack":
+            a = s.ack(req["id"], req["executor"], req.get("result"))
+            self._publish_result(a)
+            return _ok(status=a.status.value)
+        if op == "nack":
+            a = s.nack(
+                req["id"], req["executor"], str(req.get("reason", "")), permanent=bool(req.get("permanent"))
+            )
+            if a.status.terminal:
+                self._publish_result(a)
+            else:
+                threading.Timer(
+                    max(0.0, s.policy.backoff_s(a.attempt_count)) + 0.01, self._wake, (a.kind,)
+                ).start()
+            return _ok(status=a.status.value)
+        if op == "get":
+            found = s.get(req["id"])
+            return _ok(action=json.loads(encode_action(found)) if found else None)
+        if op == "cancel":
+            canceled = s.cancel(req["id"])
+            if canceled is not None and canceled.status.terminal:
+                self._publish_result(canceled)
+            return _ok(action=json.loads(encode_action(canceled)) if canceled else None)
+        if op == "dlq":
+            what = req.get("what", "list")
+            if what == "list":
+                return _ok(actions=[json.loads(encode_action(a)) for a in s.dead_letters()])
+            if what == "requeue":
+                a = s.requeue(req["id"])
+                self._wake(a.kind)
+                return _ok(id=a.id)
+            if what == "purge":
+                return _ok(purged=s.purge_dead())
+            return _err(f"unknown dlq request {what!r}")
+        if op == "backlog":
+            return _ok(backlog=s.backlog(), stats=s.stats())
+        return _err(f"unknown request {op!r}")
+
+    async def run(self, stop: asyncio.Event, ready: asyncio.Event | None = None) -> None:
+        """Serve until ``stop``; sweeps expired leases every :data:`SWEEP_S`."""
+        self._handle = self.bus.engine.serve(SERVICE, self.handle)
+        group = await self.bus.engine.watch_group(EXECUTOR_GROUP, self._executor_change)
+        if ready is not None:
+            ready.set()
+        try:
+            while not stop.is_set():
+                try:
+                    await asyncio.wait_for(stop.wait(), SWEEP_S)
+                except TimeoutError:
+                    pass
+                with self._lock:
+                    lost = self.store.release_lost(now_ns=time.time_ns())
+                    expired = self.store.expire_deadlines()
+                for a in lost:
+                    self._wake(a.kind)
+                for a in expired:
+                    self._publish_result(a)
+        finally:
+            self._handle.undeclare()
+            await group.leave()
+            with self._lock:  # an answer in flight on an engine thread finishes first
+                self._closed = True
+                self.store.close()
