@@ -8,7 +8,7 @@ import logging
 import sys
 
 from embodied_bus import __version__
-from embodied_bus.cli import demo, echo, fuse, plot, pub, record, replay, router, stage, streams, top
+from embodied_bus.cli import actions, demo, echo, fuse, plot, pub, record, replay, router, stage, streams, top
 from embodied_bus.errors import EmbodiedBusError
 
 __all__ = ["build_parser", "main"]
@@ -25,6 +25,7 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     for module in (demo, pub, echo, streams, top, replay, record, fuse, stage, plot, router):
         module.add_parser(sub)
+    actions.add_parsers(sub)
     return parser
 
 

@@ -140,9 +140,18 @@ class McapRecorder:
 
 
 async def record(
-    bus: Any, path: str | Path, streams: list[str] | None, stop: Any, *, ready: Any = None
+    bus: Any,
+    path: str | Path,
+    streams: list[str] | None,
+    stop: Any,
+    *,
+    ready: Any = None,
+    counts: dict[str, int] | None = None,
 ) -> dict[str, int]:
     """Record streams of ``bus`` (all streams if ``streams`` is None) until ``stop`` is set.
+
+    Args:
+        counts: Updated live with the messages written per MCAP topic (progress).
 
     Returns:
         Messages written per MCAP topic.
@@ -154,6 +163,8 @@ async def record(
     if ready is not None:
         ready.set()
     with McapRecorder(path) as rec:
+        if counts is not None:
+            rec.counts = counts
         try:
             while not stop.is_set():
                 try:

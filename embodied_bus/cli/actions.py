@@ -1,0 +1,199 @@
+"""Action queue commands: ``queue``, ``executor``, ``send``, ``dlq``, ``actions``."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import importlib
+import json
+import sys
+import time
+from typing import Any
+
+from embodied_bus.actions import ActionError, Executor, Planner, QueueService
+from embodied_bus.bus import open_bus
+from embodied_bus.cli.common import add_bus_args, fmt_table, install_stop_signals
+from embodied_bus.errors import BusConfigError
+
+__all__ = ["add_parsers", "load_handlers"]
+
+
+def add_parsers(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
+    p = sub.add_parser("queue", help="host the durable action queue service")
+    add_bus_args(p)
+    p.add_argument("--db", default="actions.db", help="SQLite file (default actions.db)")
+    p.set_defaults(func=run_queue)
+
+    p = sub.add_parser("executor", help="run action handlers: --handlers module:MAPPING")
+    add_bus_args(p)
+    p.add_argument(
+        "--handlers",
+        required=True,
+        metavar="MODULE:OBJECT",
+        help="a dict of kind -> async handler(action, ctx), e.g. myrobot.actions:HANDLERS",
+    )
+    p.add_argument("--name", default=None)
+    p.add_argument("--concurrency", type=int, default=1)
+    p.add_argument("--label", action="append", default=[], metavar="KEY=VALUE")
+    p.set_defaults(func=run_executor)
+
+    p = sub.add_parser("send", help="submit an action and optionally wait for its result")
+    p.add_argument("kind")
+    add_bus_args(p)
+    p.add_argument("--payload", default="null", help="JSON payload")
+    p.add_argument("--priority", type=int, default=0)
+    p.add_argument("--deadline", type=float, default=None, metavar="S")
+    p.add_argument("--key", default=None, help="idempotency key")
+    p.add_argument("--wait", action="store_true", help="print the result when it ends")
+    p.add_argument("--timeout", type=float, default=60.0)
+    p.set_defaults(func=run_send)
+
+    p = sub.add_parser("dlq", help="dead-letter queue: list | show ID | requeue ID | purge")
+    p.add_argument("what", choices=["list", "show", "requeue", "purge"])
+    p.add_argument("id", nargs="?")
+    add_bus_args(p)
+    p.set_defaults(func=run_dlq)
+
+    p = sub.add_parser("actions", help="live view of the action backlog")
+    add_bus_args(p)
+    p.add_argument("--duration", type=float, default=0.0)
+    p.add_argument("--json", action="store_true")
+    p.set_defaults(func=run_actions)
+
+
+def load_handlers(spec: str) -> dict[str, Any]:
+    """``module:OBJECT`` → a dict of kind → handler.
+
+    Raises:
+        BusConfigError: The module or object is missing or not a dict of callables.
+    """
+    mod_name, sep, obj_name = spec.partition(":")
+    if not sep:
+        raise BusConfigError(f"--handlers expects module:OBJECT, got {spec!r}")
+    try:
+        obj = getattr(importlib.import_module(mod_name), obj_name)
+    except (ImportError, AttributeError) as err:
+        raise BusConfigError(f"cannot load handlers {spec!r}: {err}") from err
+    if not isinstance(obj, dict) or not all(callable(v) for v in obj.values()):
+        raise BusConfigError(f"{spec!r} must be a dict of kind -> async handler")
+    return obj
+
+
+async def run_queue(args: argparse.Namespace) -> int:
+    stop = asyncio.Event()
+    install_stop_signals(stop)
+    async with open_bus(args.bus, namespace=args.ns) as bus:
+        ready = asyncio.Event()
+        task = asyncio.create_task(QueueService(bus, args.db).run(stop, ready))
+        await ready.wait()
+        print(f"action queue serving on {args.bus} (db {args.db})", flush=True)
+        await task
+    return 0
+
+
+async def run_executor(args: argparse.Namespace) -> int:
+    handlers = load_handlers(args.handlers)
+    labels = dict(item.split("=", 1) for item in args.label if "=" in item)
+    stop = asyncio.Event()
+    install_stop_signals(stop)
+    async with open_bus(args.bus, namespace=args.ns) as bus:
+        ex = Executor(bus, args.name, concurrency=args.concurrency, labels=labels)
+        for kind, fn in handlers.items():
+            ex.handler(kind)(fn)
+        print(f"executor {ex.name} running {', '.join(sorted(handlers))}", flush=True)
+        await ex.run(stop)
+        print(json.dumps({"executor": ex.name, "completed": ex.completed, "failed": ex.failed}))
+    return 0
+
+
+async def run_send(args: argparse.Namespace) -> int:
+    try:
+        payload = json.loads(args.payload)
+    except json.JSONDecodeError as err:
+        raise ActionError(f"--payload is not valid JSON: {err}") from err
+    async with open_bus(args.bus, namespace=args.ns) as bus:
+        planner = Planner(bus)
+        h = await planner.submit(
+            args.kind, payload, priority=args.priority, deadline_s=args.deadline, idempotency_key=args.key
+        )
+        if not args.wait:
+            print(json.dumps({"id": h.id, "duplicate": h.duplicate}))
+            return 0
+        done = await h.result(timeout_s=args.timeout)
+        print(
+            json.dumps(
+                {
+                    "id": done.id,
+                    "status": done.status.value,
+                    "result": done.result,
+                    "attempts": [
+                        {"executor": a.executor, "outcome": a.outcome, "reason": a.reason}
+                        for a in done.attempts
+                    ],
+                }
+            )
+        )
+        return 0 if done.status.value == "succeeded" else 1
+
+
+async def run_dlq(args: argparse.Namespace) -> int:
+    async with open_bus(args.bus, namespace=args.ns) as bus:
+        planner = Planner(bus)
+        if args.what in ("show", "requeue") and not args.id:
+            raise BusConfigError(f"dlq {args.what} needs an action id")
+        if args.what == "list":
+            rows = [
+                {
+                    "id": a.id,
+                    "kind": a.kind,
+                    "attempts": a.attempt_count,
+                    "last_reason": a.attempts[-1].reason if a.attempts else "",
+                }
+                for a in await planner.dead_letters()
+            ]
+            print(
+                fmt_table(rows, ["id", "kind", "attempts", "last_reason"])
+                if rows
+                else "dead-letter queue is empty"
+            )
+        elif args.what == "show":
+            a = await planner.get(args.id)
+            if a is None:
+                print(f"no action {args.id}", file=sys.stderr)
+                return 1
+            for t in a.attempts:
+                print(
+                    f"attempt {t.number}: executor={t.executor or '-'} outcome={t.outcome} reason={t.reason}"
+                )
+        else:
+            reply = await planner._call({"op": "dlq", "what": args.what, "id": args.id})
+            print(json.dumps({k: v for k, v in reply.items() if k != "ok"}))
+    return 0
+
+
+async def run_actions(args: argparse.Namespace) -> int:
+    stop = asyncio.Event()
+    install_stop_signals(stop)
+    t0 = time.monotonic()
+    async with open_bus(args.bus, namespace=args.ns) as bus:
+        planner = Planner(bus)
+        while not stop.is_set():
+            reply = await planner.backlog()
+            rows = [{"kind/priority": k, **v} for k, v in sorted(reply["backlog"].items())]
+            if args.json:
+                print(json.dumps({"backlog": reply["backlog"], "totals": reply["stats"]}), flush=True)
+            else:
+                print("\x1b[2J\x1b[H" if sys.stdout.isatty() else "", end="")
+                print(
+                    fmt_table(rows, ["kind/priority", "queued", "leased", "retrying", "dead"])
+                    if rows
+                    else "no actions",
+                    flush=True,
+                )
+            if args.duration and time.monotonic() - t0 >= args.duration:
+                break
+            try:
+                await asyncio.wait_for(stop.wait(), 1.0)
+            except TimeoutError:
+                pass
+    return 0

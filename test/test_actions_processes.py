@@ -1,0 +1,140 @@
+"""Executors as separate processes: kill -9 mid-action, CLI send / dlq."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+from embodied_bus import open_bus
+from embodied_bus.actions import ActionStatus, Planner, QueueService, RetryPolicy
+
+from conftest import wait_until, zenoh_urls
+
+TEST_DIR = Path(__file__).resolve().parent
+CLI = [sys.executable, "-m", "embodied_bus.cli.main"]
+
+
+def executor(url: str, ns: str, name: str) -> subprocess.Popen[str]:
+    env = {**os.environ, "PYTHONPATH": f"{TEST_DIR}{os.pathsep}{os.environ.get('PYTHONPATH', '')}"}
+    return subprocess.Popen(
+        [
+            *CLI,
+            "executor",
+            "--bus",
+            url,
+            "--ns",
+            ns,
+            "--handlers",
+            "action_handlers:HANDLERS",
+            "--name",
+            name,
+        ],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=env,
+    )
+
+
+async def test_an_executor_killed_mid_action_is_replaced_and_the_action_resumes_once(tmp_path: Path) -> None:
+    url_a, url_b = zenoh_urls()
+    ns = f"kill{os.getpid()}"
+    stop = asyncio.Event()
+    async with open_bus(url_a, namespace=ns) as svc_bus, open_bus(url_b, namespace=ns) as plan_bus:
+        ready = asyncio.Event()
+        service = QueueService(
+            svc_bus, tmp_path / "q.db", RetryPolicy(max_attempts=3, initial_backoff_s=0.05)
+        )
+        task = asyncio.create_task(service.run(stop, ready))
+        await ready.wait()
+        planner = Planner(plan_bus)
+        a = executor(url_b, ns, "A")
+        b = None
+        try:
+            await wait_until(lambda: "A" in service._live, 30, "executor A announced")
+            h = await planner.submit("navigate_to", {"hang_first": True})
+
+            async def checkpointed() -> bool:
+                got = await planner.get(h.id)
+                return got is not None and got.checkpoint is not None
+
+            for _ in range(300):
+                if await checkpointed():
+                    break
+                await asyncio.sleep(0.05)
+            a.send_signal(signal.SIGKILL)  # dies mid-action, after its checkpoint
+            a.wait(10)
+            b = executor(url_b, ns, "B")
+            done = await h.result(timeout_s=60)
+        finally:
+            for p in (a, b):
+                if p is not None and p.poll() is None:
+                    p.send_signal(signal.SIGINT)
+                    p.wait(20)
+            stop.set()
+            await task
+    assert done.status is ActionStatus.SUCCEEDED
+    assert done.result["attempt"] == 2 and done.result["resumed_from"]["waypoint"] == 3
+    assert [x.executor for x in done.attempts] == ["A", "B"]
+    assert done.attempts[0].outcome == "lost"
+
+
+def test_send_and_dlq_commands_show_results_and_dead_letters(tmp_path: Path) -> None:
+    port_url_listen, port_url = zenoh_urls()
+    ns = f"cli{os.getpid()}"
+    queue = subprocess.Popen(
+        [*CLI, "queue", "--bus", port_url_listen, "--ns", ns, "--db", str(tmp_path / "q.db")],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    ex = executor(port_url, ns, "C")
+    try:
+        ok = subprocess.run(
+            [
+                *CLI,
+                "send",
+                "navigate_to",
+                "--bus",
+                port_url,
+                "--ns",
+                ns,
+                "--payload",
+                '{"x": 1}',
+                "--wait",
+                "--timeout",
+                "60",
+            ],
+            capture_output=True,
+            text=True,
+            timeout=90,
+        )
+        assert ok.returncode == 0, ok.stderr
+        assert json.loads(ok.stdout)["status"] == "succeeded"
+        bad = subprocess.run(
+            [*CLI, "send", "dock", "--bus", port_url, "--ns", ns, "--wait", "--timeout", "120"],
+            capture_output=True,
+            text=True,
+            timeout=150,
+        )
+        assert bad.returncode == 1 and json.loads(bad.stdout)["status"] == "dead"
+        listing = subprocess.run(
+            [*CLI, "dlq", "list", "--bus", port_url, "--ns", ns], capture_output=True, text=True, timeout=60
+        )
+        assert "dock" in listing.stdout and "charger not found" in listing.stdout
+        junk = subprocess.run(
+            [*CLI, "send", "pick", "--bus", port_url, "--ns", ns, "--payload", "{nope"],
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+        assert junk.returncode == 1 and "not valid JSON" in junk.stderr
+    finally:
+        for p in (ex, queue):
+            p.send_signal(signal.SIGINT)
+            p.wait(20)
