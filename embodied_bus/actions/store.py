@@ -10,7 +10,8 @@ from __future__ import annotations
 
 import sqlite3
 import time
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Iterator, Mapping
+from contextlib import contextmanager
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -72,9 +73,16 @@ class ActionStore:
         self._db.close()
 
     # ------------------------------------------------------------------ helpers
-    def _tx(self) -> sqlite3.Connection:
+    @contextmanager
+    def _tx(self) -> Iterator[sqlite3.Connection]:
+        """One write transaction: committed (and fsynced) on success, rolled back on error."""
         self._db.execute("BEGIN IMMEDIATE")
-        return self._db
+        try:
+            yield self._db
+        except BaseException:
+            self._db.execute("ROLLBACK")
+            raise
+        self._db.execute("COMMIT")
 
     def _save(
         self, a: Action, *, available_ns: int | None = None, lease: tuple[str, int] | None = None
@@ -110,36 +118,30 @@ class ActionStore:
         action.validate()
         now = now_ns if now_ns is not None else _now()
         a = replace(action, status=ActionStatus.QUEUED, attempts=[], created_ns=action.created_ns or now)
-        db = self._tx()
         try:
-            if a.idempotency_key is not None:
-                row = db.execute("SELECT body FROM actions WHERE idem=?", (a.idempotency_key,)).fetchone()
-                if row:
-                    db.execute("COMMIT")
-                    return decode_action(row[0]), False
-            self._seq += 1
-            db.execute(
-                "INSERT INTO actions (id, kind, priority, deadline_ns, idem, status, available_ns, seq, "
-                "body) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
-                (
-                    a.id,
-                    a.kind,
-                    a.priority,
-                    a.deadline_ns,
-                    a.idempotency_key,
-                    a.status.value,
-                    now,
-                    self._seq,
-                    encode_action(a).decode(),
-                ),
-            )
-            db.execute("COMMIT")
+            with self._tx() as db:
+                if a.idempotency_key is not None:
+                    row = db.execute("SELECT body FROM actions WHERE idem=?", (a.idempotency_key,)).fetchone()
+                    if row:
+                        return decode_action(row[0]), False
+                self._seq += 1
+                db.execute(
+                    "INSERT INTO actions (id, kind, priority, deadline_ns, idem, status, available_ns, seq, "
+                    "body) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                    (
+                        a.id,
+                        a.kind,
+                        a.priority,
+                        a.deadline_ns,
+                        a.idempotency_key,
+                        a.status.value,
+                        now,
+                        self._seq,
+                        encode_action(a).decode(),
+                    ),
+                )
         except sqlite3.IntegrityError as err:
-            db.execute("ROLLBACK")
             raise ActionError(f"action id {a.id!r} already exists") from err
-        except BaseException:
-            db.execute("ROLLBACK")
-            raise
         return a, True
 
     def get(self, action_id: str) -> Action | None:
@@ -149,11 +151,9 @@ class ActionStore:
     def cancel(self, action_id: str, now_ns: int | None = None) -> Action | None:
         """Cancel: a queued action is removed from dispatch at once; a running one is flagged
         (its executor sees ``cancel_requested`` on its next lease extension)."""
-        db = self._tx()
-        try:
+        with self._tx() as db:
             a = self._load(action_id)
             if a is None or a.status.terminal:
-                db.execute("COMMIT")
                 return a
             if a.status is ActionStatus.RUNNING:
                 a.cancel_requested = True
@@ -161,11 +161,7 @@ class ActionStore:
             else:
                 a.status = ActionStatus.CANCELED
                 self._save(a)
-            db.execute("COMMIT")
             return a
-        except BaseException:
-            db.execute("ROLLBACK")
-            raise
 
     # ------------------------------------------------------------------ executor side
     def lease(
@@ -190,8 +186,7 @@ class ActionStore:
         labels = dict(labels or {})
         live = set(live_executors) | {executor}
         marks = ",".join("?" * len(kinds))
-        db = self._tx()
-        try:
+        with self._tx() as db:
             rows = db.execute(
                 f"SELECT id, body FROM actions WHERE status IN (?, ?) AND kind IN ({marks}) "
                 "AND available_ns <= ? ORDER BY priority DESC, seq LIMIT 256",
@@ -224,11 +219,7 @@ class ActionStore:
                 chosen.attempts.append(Attempt(chosen.attempt_count + 1, executor, now))
                 chosen.status = ActionStatus.RUNNING
                 self._save(chosen, lease=(executor, now + int(lease_s * 1e9)))
-            db.execute("COMMIT")
             return chosen
-        except BaseException:
-            db.execute("ROLLBACK")
-            raise
 
     def extend(
         self, action_id: str, executor: str, lease_s: float = 10.0, now_ns: int | None = None
@@ -239,8 +230,7 @@ class ActionStore:
             ActionError: The executor does not hold the lease (it expired and moved on).
         """
         now = now_ns if now_ns is not None else _now()
-        db = self._tx()
-        try:
+        with self._tx() as db:
             row = db.execute(
                 "SELECT lease_owner, body FROM actions WHERE id=? AND status=?",
                 (action_id, ActionStatus.RUNNING.value),
@@ -250,23 +240,14 @@ class ActionStore:
             db.execute(
                 "UPDATE actions SET lease_until_ns=? WHERE id=?", (now + int(lease_s * 1e9), action_id)
             )
-            db.execute("COMMIT")
             return decode_action(row[1])
-        except BaseException:
-            db.execute("ROLLBACK")
-            raise
 
     def checkpoint(self, action_id: str, executor: str, state: Any) -> None:
         """Save resumable progress of a running action (the next attempt receives it)."""
-        db = self._tx()
-        try:
+        with self._tx() as db:
             a = self._held(action_id, executor)
             a.checkpoint = state
             db.execute("UPDATE actions SET body=? WHERE id=?", (encode_action(a).decode(), a.id))
-            db.execute("COMMIT")
-        except BaseException:
-            db.execute("ROLLBACK")
-            raise
 
     def _held(self, action_id: str, executor: str) -> Action:
         row = self._db.execute(
@@ -284,8 +265,7 @@ class ActionStore:
     def ack(self, action_id: str, executor: str, result: Any = None, now_ns: int | None = None) -> Action:
         """The handler returned: the action succeeded with ``result``."""
         now = now_ns if now_ns is not None else _now()
-        db = self._tx()
-        try:
+        with self._tx():
             a = self._held(action_id, executor)
             self._end_attempt(a, "ok", "", now)
             a.status = (
@@ -293,11 +273,7 @@ class ActionStore:
             )
             a.result = result
             self._save(a)
-            db.execute("COMMIT")
             return a
-        except BaseException:
-            db.execute("ROLLBACK")
-            raise
 
     def nack(
         self,
@@ -310,15 +286,10 @@ class ActionStore:
     ) -> Action:
         """The handler failed: retry after a backoff, or dead-letter (permanent or exhausted)."""
         now = now_ns if now_ns is not None else _now()
-        db = self._tx()
-        try:
+        with self._tx():
             a = self._held(action_id, executor)
             self._fail(a, "rejected" if permanent else "nack", reason, now, permanent)
-            db.execute("COMMIT")
             return a
-        except BaseException:
-            db.execute("ROLLBACK")
-            raise
 
     def _fail(self, a: Action, outcome: str, reason: str, now: int, permanent: bool) -> None:
         self._end_attempt(a, outcome, reason, now)
@@ -336,8 +307,7 @@ class ActionStore:
         """Take back the actions whose lease expired, or all leases of a dead ``executor``;
         each counts as a ``lost`` attempt (retried elsewhere, or dead-lettered when exhausted)."""
         now = now_ns if now_ns is not None else _now()
-        db = self._tx()
-        try:
+        with self._tx() as db:
             if executor is None:
                 rows = db.execute(
                     "SELECT id FROM actions WHERE status=? AND lease_until_ns < ?",
@@ -357,18 +327,13 @@ class ActionStore:
                     a, "lost", f"executor {who} stopped answering (lease expired or process died)", now, False
                 )
                 out.append(a)
-            db.execute("COMMIT")
             return out
-        except BaseException:
-            db.execute("ROLLBACK")
-            raise
 
     # ------------------------------------------------------------------ dead letters and metrics
     def expire_deadlines(self, now_ns: int | None = None) -> list[Action]:
         """Dead-letter every waiting action whose deadline passed (it is never started)."""
         now = now_ns if now_ns is not None else _now()
-        db = self._tx()
-        try:
+        with self._tx() as db:
             rows = db.execute(
                 "SELECT body FROM actions WHERE status IN (?, ?) AND deadline_ns > 0 AND deadline_ns < ?",
                 (*_READY, now),
@@ -389,11 +354,7 @@ class ActionStore:
                 a.status = ActionStatus.DEAD
                 self._save(a)
                 out.append(a)
-            db.execute("COMMIT")
             return out
-        except BaseException:
-            db.execute("ROLLBACK")
-            raise
 
     def dead_letters(self) -> list[Action]:
         """Actions in the dead-letter queue, oldest first, with every attempt's reason."""
@@ -405,8 +366,7 @@ class ActionStore:
     def requeue(self, action_id: str, now_ns: int | None = None) -> Action:
         """Give a dead-lettered action a fresh set of attempts (its history is kept)."""
         now = now_ns if now_ns is not None else _now()
-        db = self._tx()
-        try:
+        with self._tx() as db:
             a = self._load(action_id)
             if a is None or a.status is not ActionStatus.DEAD:
                 raise ActionError(f"action {action_id} is not in the dead-letter queue")
@@ -415,11 +375,7 @@ class ActionStore:
             a.budget_from = a.attempt_count  # a fresh attempt budget; the history stays
             self._save(a, available_ns=now)
             db.execute("UPDATE actions SET deadline_ns=? WHERE id=?", (a.deadline_ns, a.id))
-            db.execute("COMMIT")
             return a
-        except BaseException:
-            db.execute("ROLLBACK")
-            raise
 
     def purge_dead(self) -> int:
         """Delete the dead-letter queue; returns how many were removed."""
