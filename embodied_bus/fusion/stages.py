@@ -91,6 +91,13 @@ def _o3d_cloud(xyz: np.ndarray[Any, Any]) -> Any:
     return o3d.geometry.PointCloud(o3d.utility.Vector3dVector(xyz))
 
 
+def _cloud_output(points: np.ndarray[Any, Any], frame_id: str, stamp_ns: int) -> Output:
+    """Nx3 points → a PointCloud2 output."""
+    return Output(
+        array_to_pointcloud2_cdr(points, frame_id=frame_id, stamp_ns=stamp_ns), PC2, frame_id, stamp_ns
+    )
+
+
 def _vec3(where: str, value: Any) -> np.ndarray[Any, Any]:
     try:
         v = np.asarray(value, dtype=np.float64)
@@ -128,13 +135,8 @@ def voxel_downsample(params: Mapping[str, Any]) -> StageFn:
 
     def fn(sample: Sample) -> Output:
         pcd = _o3d_cloud(_xyz(sample)).voxel_down_sample(voxel)
-        pts = np.asarray(pcd.points, dtype=np.float32)
-        h = sample.header
-        return Output(
-            array_to_pointcloud2_cdr(pts, frame_id=h.frame_id, stamp_ns=h.stamp_ns),
-            PC2,
-            h.frame_id,
-            h.stamp_ns,
+        return _cloud_output(
+            np.asarray(pcd.points, dtype=np.float32), sample.header.frame_id, sample.header.stamp_ns
         )
 
     return fn
@@ -151,13 +153,7 @@ def crop_box(params: Mapping[str, Any]) -> StageFn:
 
         box = o3d.geometry.AxisAlignedBoundingBox(lo, hi)
         pts = np.asarray(_o3d_cloud(_xyz(sample)).crop(box).points, dtype=np.float32)
-        h = sample.header
-        return Output(
-            array_to_pointcloud2_cdr(pts, frame_id=h.frame_id, stamp_ns=h.stamp_ns),
-            PC2,
-            h.frame_id,
-            h.stamp_ns,
-        )
+        return _cloud_output(pts, sample.header.frame_id, sample.header.stamp_ns)
 
     return fn
 
@@ -185,13 +181,7 @@ def merge_clouds(params: Mapping[str, Any]) -> StageFn:
             clouds.append(np.asarray(pcd.points, dtype=np.float32))
         if not clouds:
             return None
-        pts = np.concatenate(clouds)
-        return Output(
-            array_to_pointcloud2_cdr(pts, frame_id=base, stamp_ns=frame.reference_stamp_ns),
-            PC2,
-            base,
-            frame.reference_stamp_ns,
-        )
+        return _cloud_output(np.concatenate(clouds), base, frame.reference_stamp_ns)
 
     return fn
 
