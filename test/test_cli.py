@@ -201,6 +201,14 @@ def test_the_demo_replays_fuses_records_and_draws_in_short_mode(tmp_path) -> Non
     assert {"/scan", "/imu", "/gps", "/frames/demo/scan"} <= topics
     frames = [json.loads(x) for x in (tmp_path / "frames.jsonl").read_text().splitlines()]
     assert len(frames) == doc["fusion"]["frames"]
+    actions = doc["actions"]
+    assert actions["submitted"] == actions["succeeded"] + 1  # every navigate_to done, one poison
+    assert actions["retried"] and all(
+        r["executors"][0] == "exec-flaky" != r["executors"][-1] for r in actions["retried"]
+    )  # retried elsewhere after a failure
+    (poison,) = actions["dead_letters"]
+    assert poison["kind"] == "inspect" and len(poison["reasons"]) == 3
+    assert all("poison" in r for r in poison["reasons"])
 
 
 def test_the_synthetic_demo_still_runs() -> None:

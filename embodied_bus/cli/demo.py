@@ -1,8 +1,10 @@
 """``embodied-bus demo``: the whole product on a real recording, on embedded Zenoh.
 
 The shipped ``tilt_laser`` recording (LaserScan, IMU, GPS; MPL-2.0) is replayed into the bus by a
-"robot" session, a fusion worker assembles one frame per scan, a recorder writes the streams and
-frames to MCAP, and the run ends with a summary, a timeline PNG and the MCAP file.
+"robot" session, a fusion worker assembles one frame per scan, a planner sends an action for every
+ten fused frames to three executors (one of them fails its first attempts, so those actions are
+retried elsewhere) plus one poison action that ends in the dead-letter queue, a recorder writes the
+streams and frames to MCAP, and the run ends with a summary, a timeline PNG and the MCAP file.
 ``--synthetic`` runs synthetic lidar / camera / GPS / IMU publishers instead.
 """
 
@@ -16,6 +18,16 @@ import time
 from pathlib import Path
 from typing import Any
 
+from embodied_bus.actions import (
+    Action,
+    ActionContext,
+    ActionHandle,
+    ActionStatus,
+    Executor,
+    Planner,
+    QueueService,
+    RetryPolicy,
+)
 from embodied_bus.bus import open_bus
 from embodied_bus.cli.common import fmt_table, install_stop_signals
 from embodied_bus.cli.replay import mapping_from_config
@@ -81,10 +93,14 @@ async def run(args: argparse.Namespace) -> int:
     frames_file = (out / "frames.jsonl").open("w")
     summaries: list[dict[str, Any]] = []
 
+    frame_buckets: asyncio.Queue[int] = asyncio.Queue()
+
     def on_frame(frame: MultiModalFrame, emitted_ns: int) -> None:
         line = frame_summary(frame, emitted_ns)
         summaries.append(line)
         frames_file.write(json.dumps(line) + "\n")
+        if len(summaries) % ACTION_EVERY_FRAMES == 0:
+            frame_buckets.put_nowait(frame.bucket)  # the planner reacts to perception
 
     def say(text: str) -> None:
         if not args.json:
@@ -101,6 +117,7 @@ async def run(args: argparse.Namespace) -> int:
             open_bus(f"zenoh://127.0.0.1:{port}", namespace="demo") as cloud,
         ):
             worker = FusionWorker(cloud, spec, on_frame=on_frame, idle_flush_s=0.5)
+            fleet = await ActionDemo.start(robot, cloud, out / "actions.db")
             worker_stop, rec_stop, rec_ready = asyncio.Event(), asyncio.Event(), asyncio.Event()
             worker_task = asyncio.create_task(worker.run(worker_stop))
             rec_task = asyncio.create_task(
@@ -124,13 +141,14 @@ async def run(args: argparse.Namespace) -> int:
             replay_task = asyncio.create_task(
                 replay(robot, [bag], opts, stop=stop, progress=lambda f, n: progress.update(frac=f))
             )
+            planner_task = asyncio.create_task(fleet.plan(frame_buckets, replay_task))
             while not replay_task.done():
                 await asyncio.wait({replay_task}, timeout=1.0)
                 m = worker.metrics.as_dict()
                 status = (
                     f"t={time.monotonic() - t0:4.1f}s replay {100 * progress['frac']:5.1f}%  frames "
                     f"{m['frames']} complete {m['completeness_pct']}%  skew p99 {m['skew_p99_ms']} ms  "
-                    f"late {m['late']}"
+                    f"late {m['late']}  actions {fleet.progress()}"
                 )
                 if tty:
                     print(
@@ -145,6 +163,8 @@ async def run(args: argparse.Namespace) -> int:
                 await asyncio.sleep(0.1)  # the worker flushes once input stops
             worker_stop.set()
             await worker_task
+            await planner_task
+            actions = await fleet.finish()
             await asyncio.sleep(0.3)
             rec_stop.set()
             mon_stop.set()
@@ -166,6 +186,7 @@ async def run(args: argparse.Namespace) -> int:
         "replayed": replayed,
         "streams": streams,
         "fusion": fusion,
+        "actions": actions,
         "outputs": {
             "frames": str(out / "frames.jsonl"),
             "mcap": str(out / "demo.mcap"),
@@ -186,10 +207,122 @@ async def run(args: argparse.Namespace) -> int:
             f"added latency p99 {fusion['added_latency_p99_ms']} ms, late {fusion['late']}"
         )
         print(
+            f"actions: {actions['succeeded']} of {actions['submitted']} succeeded on executors "
+            f"{actions['by_executor']}; {len(actions['retried'])} retried on another executor after a "
+            f"failure; dead letters: {[(d['kind'], d['reasons'][-1]) for d in actions['dead_letters']]}"
+        )
+        print(
             f"outputs: {summary['outputs']['frames']}, {summary['outputs']['mcap']}, "
             f"{summary['outputs']['timeline_png']}"
         )
-    return 0 if fusion["frames"] > 0 else 1
+    return 0 if fusion["frames"] > 0 and actions["dead_letters"] else 1
+
+
+#: The planner sends a navigate_to action for every this many fused frames.
+ACTION_EVERY_FRAMES = 10
+
+
+class ActionDemo:
+    """Three executors (one faulty) and a planner on the demo's buses, with one poison action."""
+
+    def __init__(
+        self,
+        service_task: asyncio.Task[None],
+        executors: list[Executor],
+        tasks: list[Any],
+        planner: Planner,
+        stop: asyncio.Event,
+    ) -> None:
+        self.service_task = service_task
+        self.executors = executors
+        self.tasks = tasks
+        self.planner = planner
+        self.stop = stop
+        self.handles: list[ActionHandle] = []
+
+    @classmethod
+    async def start(cls, robot: Any, cloud: Any, db: Path) -> ActionDemo:
+        for suffix in ("", "-wal", "-shm"):
+            Path(str(db) + suffix).unlink(missing_ok=True)
+        stop, ready = asyncio.Event(), asyncio.Event()
+        policy = RetryPolicy(max_attempts=3, initial_backoff_s=0.05, max_backoff_s=0.5)
+        service_task = asyncio.create_task(QueueService(cloud, db, policy).run(stop, ready))
+        await ready.wait()
+        executors = []
+        for name in ("exec-a", "exec-b", "exec-flaky"):
+            ex = Executor(robot, name)
+
+            async def navigate_to(action: Action, ctx: ActionContext, name: str = name) -> dict[str, Any]:
+                if name == "exec-flaky" and ctx.attempt == 1:
+                    raise RuntimeError("motor stalled (injected fault)")
+                ctx.feedback({"progress": 1.0})
+                await asyncio.sleep(0.02)
+                return {"bucket": action.payload["bucket"], "by": name, "attempt": ctx.attempt}
+
+            async def inspect(action: Action, ctx: ActionContext) -> None:
+                raise ValueError("camera calibration file missing (poison action)")
+
+            ex.handler("navigate_to")(navigate_to)
+            ex.handler("inspect")(inspect)
+            executors.append(ex)
+        tasks = [asyncio.create_task(ex.run(stop)) for ex in executors]
+        planner = Planner(cloud)
+        for _ in range(100):
+            try:
+                await planner.backlog()
+                break
+            except Exception:
+                await asyncio.sleep(0.05)
+        return cls(service_task, executors, tasks, planner, stop)
+
+    async def plan(self, buckets: asyncio.Queue[int], until: asyncio.Task[Any]) -> None:
+        """Send one poison action, then a navigate_to per batch of fused frames."""
+        self.handles.append(await self.planner.submit("inspect", {"target": "dock"}, priority=1))
+        while not (until.done() and buckets.empty()):
+            try:
+                bucket = await asyncio.wait_for(buckets.get(), 0.2)
+            except TimeoutError:
+                continue
+            self.handles.append(await self.planner.submit("navigate_to", {"bucket": bucket}, priority=5))
+
+    def progress(self) -> str:
+        done = sum(ex.completed for ex in self.executors)
+        failed = sum(ex.failed for ex in self.executors)
+        return f"{len(self.handles)} sent, {done} done, {failed} failed attempts"
+
+    async def finish(self) -> dict[str, Any]:
+        """Wait for every action to end, stop the fleet, and summarize."""
+        ended = [await h.result(timeout_s=30) for h in self.handles]
+        self.stop.set()
+        await asyncio.gather(*self.tasks, self.service_task)
+        ok = [a for a in ended if a.status is ActionStatus.SUCCEEDED]
+        by: dict[str, int] = {}
+        for a in ok:
+            by[a.attempts[-1].executor] = by.get(a.attempts[-1].executor, 0) + 1
+        return {
+            "submitted": len(ended),
+            "succeeded": len(ok),
+            "by_executor": dict(sorted(by.items())),
+            "retried": [
+                {
+                    "id": a.id[:8],
+                    "executors": [t.executor for t in a.attempts],
+                    "first_failure": a.attempts[0].reason,
+                }
+                for a in ok
+                if a.attempt_count > 1
+            ],
+            "dead_letters": [
+                {
+                    "id": a.id[:8],
+                    "kind": a.kind,
+                    "reasons": [t.reason for t in a.attempts],
+                    "executors": [t.executor for t in a.attempts],
+                }
+                for a in ended
+                if a.status is ActionStatus.DEAD
+            ],
+        }
 
 
 async def run_synthetic(args: argparse.Namespace) -> int:
