@@ -19,6 +19,23 @@ TEST_DIR = Path(__file__).resolve().parent
 CLI = [sys.executable, "-m", "embodied_bus.cli.main"]
 
 
+def wait_line(proc: subprocess.Popen[str], text: str, timeout_s: float = 60) -> None:
+    """Wait until the process prints a line containing ``text`` (it is ready)."""
+    import threading
+
+    seen = threading.Event()
+
+    def read() -> None:
+        assert proc.stdout is not None
+        for line in proc.stdout:
+            if text in line:
+                seen.set()
+                return
+
+    threading.Thread(target=read, daemon=True).start()
+    assert seen.wait(timeout_s), f"process never printed {text!r}: {proc.poll()}"
+
+
 def executor(url: str, ns: str, name: str) -> subprocess.Popen[str]:
     env = {**os.environ, "PYTHONPATH": f"{TEST_DIR}{os.pathsep}{os.environ.get('PYTHONPATH', '')}"}
     return subprocess.Popen(
@@ -95,6 +112,8 @@ def test_send_and_dlq_commands_show_results_and_dead_letters(tmp_path: Path) -> 
     )
     ex = executor(port_url, ns, "C")
     try:
+        wait_line(queue, "action queue serving")
+        wait_line(ex, "executor C running")
         ok = subprocess.run(
             [
                 *CLI,

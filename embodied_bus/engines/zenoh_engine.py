@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import json
 import threading
+import time
 from collections import deque
 from collections.abc import Callable
 from typing import Any
@@ -428,13 +429,20 @@ class ZenohEngine(Engine):
     async def request(self, name: str, payload: bytes, timeout_s: float) -> bytes | None:
         self._check()
 
-        def ask() -> bytes | None:
-            for reply in self.session.get(self._svc_key(name), payload=payload, timeout=timeout_s):
+        def ask(budget_s: float) -> bytes | None:
+            for reply in self.session.get(self._svc_key(name), payload=payload, timeout=budget_s):
                 if reply.ok is not None:
                     return reply.ok.payload.to_bytes()
             return None
 
-        return await asyncio.to_thread(ask)
+        # Right after connecting, the service may not be routed yet and a query returns at once
+        # with no reply: ask again until the timeout.
+        deadline = time.monotonic() + timeout_s
+        while True:
+            answer = await asyncio.to_thread(ask, max(0.05, deadline - time.monotonic()))
+            if answer is not None or time.monotonic() >= deadline:
+                return answer
+            await asyncio.sleep(0.05)
 
     def notify(self, topic: str, payload: bytes) -> None:
         self._check()
