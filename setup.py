@@ -48,6 +48,7 @@ setup(
             "pytest>=8",
             "pytest-asyncio>=0.23",
             "pytest-timeout>=2.3",
+            "pytest-rerunfailures>=14",
             "hypothesis>=6.100",
             "catkin-pkg>=1.0",
             "ruff>=0.6",

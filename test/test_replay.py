@@ -85,6 +85,7 @@ async def test_replayed_samples_carry_cdr_header_stamps_and_flag_zero_stamps() -
     assert [s.seq for s in gnss] == list(range(1, 108))
 
 
+@pytest.mark.flaky(reruns=1)  # wall-clock timing on a noisy CI machine
 async def test_rate_1_replay_keeps_faithful_timing() -> None:
     url, _ = zenoh_urls()
     async with open_bus(url, namespace="rp3") as bus:
@@ -113,6 +114,7 @@ def test_bad_replay_input_gets_clear_errors(tmp_path: Path) -> None:
         decode_cdr(b"\x00\x01\x00\x00", "sensor_msgs/msg/NavSatFix")
 
 
+@pytest.mark.flaky(reruns=1)  # two sessions and a recorder under CI load
 async def test_record_then_replay_gives_identical_payloads_and_stamps(tmp_path: Path) -> None:
     from embodied_bus.replay import RecordedMessage, read_recording
     from embodied_bus.replay.recorder import record
