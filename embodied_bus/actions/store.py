@@ -196,18 +196,7 @@ class ActionStore:
             for _, body in rows:
                 a = decode_action(body)
                 if a.deadline_ns and a.deadline_ns < now:
-                    a.attempts.append(
-                        Attempt(
-                            a.attempt_count + 1,
-                            "",
-                            now,
-                            now,
-                            "expired",
-                            "deadline passed before the action started",
-                        )
-                    )
-                    a.status = ActionStatus.DEAD
-                    self._save(a)
+                    self._expire(a, now)
                     continue
                 if any(labels.get(k) != v for k, v in a.selector.items()):
                     continue
@@ -257,6 +246,14 @@ class ActionStore:
         if row is None or row[0] != executor:
             raise ActionError(f"{executor} does not hold a lease on action {action_id}")
         return decode_action(row[1])
+
+    def _expire(self, a: Action, now: int) -> None:
+        """Dead-letter a waiting action whose deadline passed (it is never started)."""
+        a.attempts.append(
+            Attempt(a.attempt_count + 1, "", now, now, "expired", "deadline passed before the action started")
+        )
+        a.status = ActionStatus.DEAD
+        self._save(a)
 
     def _end_attempt(self, a: Action, outcome: str, reason: str, now: int) -> None:
         last = a.attempts[-1]
@@ -341,18 +338,7 @@ class ActionStore:
             out = []
             for (body,) in rows:
                 a = decode_action(body)
-                a.attempts.append(
-                    Attempt(
-                        a.attempt_count + 1,
-                        "",
-                        now,
-                        now,
-                        "expired",
-                        "deadline passed before the action started",
-                    )
-                )
-                a.status = ActionStatus.DEAD
-                self._save(a)
+                self._expire(a, now)
                 out.append(a)
             return out
 
