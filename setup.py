@@ -38,6 +38,7 @@ setup(
         "matplotlib>=3.7",
         "mcap>=1.1",
         "prometheus-client>=0.17",
+        "xxhash>=3",
     ],
     extras_require={
         "pulsar": ["pulsar-client>=3.5,<4"],

@@ -4,13 +4,13 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from recordings import recording
-
 from embodied_bus.fusion import Assembler, MultiModalFrame, decode_frame, encode_frame, spec_from_dict
 from embodied_bus.fusion.decode import frame_arrays
 from embodied_bus.model import Header, HeaderFlags, Modality, Sample
 from embodied_bus.replay import RecordedMessage, SkippedTopic, modality_of, read_recording, topic_to_stream
 from embodied_bus.ros import sample_to_numpy
+
+from recordings import recording
 
 
 def samples_of(path: Path, topics: list[str], *, stamp: str = "header") -> list[Sample]:

@@ -7,7 +7,6 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from recordings import recording
 from rosbags.highlevel import AnyReader
 
 from embodied_bus import BusConfigError, open_bus
@@ -18,6 +17,7 @@ from embodied_bus.model import Header, Modality, Sample
 from embodied_bus.ros import array_to_pointcloud2_cdr, pointcloud2_to_array, sample_to_numpy, typestore
 
 from conftest import zenoh_urls
+from recordings import recording
 
 ROOT = Path(__file__).resolve().parents[1]
 PC2 = "cdr:sensor_msgs/msg/PointCloud2"

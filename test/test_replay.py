@@ -6,7 +6,6 @@ import asyncio
 from pathlib import Path
 
 import pytest
-from recordings import RECORDINGS, recording
 
 from embodied_bus import BusConfigError, SubscriptionOptions, open_bus
 from embodied_bus.model import HeaderFlags
@@ -21,6 +20,7 @@ from embodied_bus.replay import (
 from embodied_bus.ros import ConversionError, decode_cdr
 
 from conftest import wait_until, zenoh_urls
+from recordings import RECORDINGS, recording
 
 
 def all_recordings() -> list[Path]:

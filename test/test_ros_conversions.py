@@ -6,7 +6,6 @@ from typing import Any
 
 import numpy as np
 import pytest
-from recordings import recording
 from rosbags.highlevel import AnyReader
 
 from embodied_bus.model import Header, Modality, Sample
@@ -22,6 +21,8 @@ from embodied_bus.ros import (
     sample_to_numpy,
     typestore,
 )
+
+from recordings import recording
 
 
 def messages(path: Any, topic: str) -> list[tuple[str, Any]]:

@@ -8,7 +8,21 @@ import logging
 import sys
 
 from embodied_bus import __version__
-from embodied_bus.cli import actions, demo, echo, fuse, plot, pub, record, replay, router, stage, streams, top
+from embodied_bus.cli import (
+    actions,
+    demo,
+    echo,
+    fuse,
+    plot,
+    pub,
+    record,
+    replay,
+    ros_bridge,
+    router,
+    stage,
+    streams,
+    top,
+)
 from embodied_bus.errors import EmbodiedBusError
 
 __all__ = ["build_parser", "main"]
@@ -23,7 +37,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--version", action="version", version=f"embodied-bus {__version__}")
     parser.add_argument("-v", "--verbose", action="store_true", help="debug logging")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
-    for module in (demo, pub, echo, streams, top, replay, record, fuse, stage, plot, router):
+    for module in (demo, pub, echo, streams, top, replay, record, fuse, stage, plot, router, ros_bridge):
         module.add_parser(sub)
     actions.add_parsers(sub)
     return parser

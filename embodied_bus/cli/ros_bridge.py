@@ -1,0 +1,106 @@
+"""``embodied-bus ros-bridge``: bridge ROS 2 nodes on rmw_zenoh and the bus, without rclpy."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import dataclasses
+import json
+import os
+import time
+
+from embodied_bus.actions.client import Planner
+from embodied_bus.bus import open_bus
+from embodied_bus.cli.common import install_stop_signals
+from embodied_bus.engines.urls import DEFAULT_URL
+from embodied_bus.fusion.worker import FusionWorker
+from embodied_bus.ros.config import load_robot_config
+from embodied_bus.ros.rmw_bridge import RmwZenohBridge
+
+__all__ = ["add_parser"]
+
+
+def add_parser(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
+    p = sub.add_parser(
+        "ros-bridge",
+        help="bridge ROS 2 nodes that use rmw_zenoh (Jazzy or newer) and the bus, no rclpy needed",
+        description="Subscribe to ROS 2 topics of rmw_zenoh nodes and publish them as bus streams; "
+        "publish bus streams and fused frames back as ROS 2 topics (see config/robot.yaml).",
+    )
+    p.add_argument("--config", required=True, help="robot YAML (see config/robot.yaml)")
+    p.add_argument("--bus", default=None, help="bus URL (default: the config's bus:, else $EMBODIED_BUS_URL)")
+    p.add_argument("--ns", default=None, help="bus namespace (default: the config's namespace:)")
+    p.add_argument("--domain-id", type=int, default=None, help="ROS_DOMAIN_ID (default: config, else 0)")
+    p.add_argument(
+        "--host-router",
+        metavar="ENDPOINT",
+        default=None,
+        help="host the Zenoh router on ENDPOINT (e.g. tcp/[::]:7447) so rmw_zenoh nodes need no rmw_zenohd",
+    )
+    p.add_argument(
+        "--connect", metavar="ENDPOINT", action="append", default=None, help="the robot's Zenoh router(s)"
+    )
+    p.add_argument("--fuse", action="store_true", help="also run a fusion worker for the config's fusion:")
+    p.add_argument(
+        "--actions", action="store_true", help="accept action submissions from ROS (needs a queue service)"
+    )
+    p.add_argument("--duration", type=float, default=0.0, help="stop after S seconds (0 = Ctrl-C)")
+    p.add_argument("--json", action="store_true", help="print the final counters as JSON only")
+    p.set_defaults(func=run)
+
+
+async def run(args: argparse.Namespace) -> int:
+    cfg = load_robot_config(args.config)
+    link = cfg.ros
+    if args.domain_id is not None:
+        link = dataclasses.replace(link, domain_id=args.domain_id)
+    if args.host_router:
+        link = dataclasses.replace(link, host_router=args.host_router)
+    if args.connect:
+        link = dataclasses.replace(link, connect=tuple(args.connect), host_router=None)
+    cfg = dataclasses.replace(cfg, ros=link)
+    url = args.bus or cfg.bus or os.environ.get("EMBODIED_BUS_URL", DEFAULT_URL)
+    stop = asyncio.Event()
+    install_stop_signals(stop)
+    async with open_bus(url, namespace=args.ns or cfg.namespace) as bus:
+        tasks: list[asyncio.Task[None]] = []
+        worker = None
+        if args.fuse and cfg.fusion is not None:
+            worker = FusionWorker(bus, cfg.fusion)
+            tasks.append(asyncio.create_task(worker.run(stop)))
+            await worker.ready.wait()
+        planner = Planner(bus) if args.actions else None
+        async with RmwZenohBridge(bus, cfg, planner=planner) as bridge:
+            where = (
+                f"hosting the router on {link.host_router}"
+                if link.host_router
+                else (f"via {', '.join(link.connect)}")
+            )
+            if not args.json:
+                print(
+                    f"ros-bridge: node /{link.node_name} on ROS domain {link.domain_id} ({link.distro}) "
+                    f"{where}; bus {url}",
+                    flush=True,
+                )
+            t0 = time.monotonic()
+            while not stop.is_set():
+                try:
+                    await asyncio.wait_for(stop.wait(), 2.0)
+                except TimeoutError:
+                    pass
+                if args.duration and time.monotonic() - t0 >= args.duration:
+                    stop.set()
+                if not args.json and not stop.is_set():
+                    c = bridge.counters
+                    print(
+                        f"from ROS {sum(c.from_ros.values())}  to ROS {sum(c.to_ros.values())}  "
+                        f"frames {c.frames}  rejected {dict(c.rejected)}",
+                        flush=True,
+                    )
+            stop.set()
+            summary = bridge.counters.as_dict()
+        await asyncio.gather(*tasks, return_exceptions=True)
+        if worker is not None:
+            summary["fusion"] = worker.summary()
+    print(json.dumps(summary, indent=2 if args.json else None))
+    return 0

@@ -1,0 +1,436 @@
+"""Bridge between the bus and ROS 2 nodes that use rmw_zenoh, with no rclpy.
+
+The bridge joins the robot's ROS 2 graph as one ROS node over its own Zenoh session in
+rmw_zenoh's format (:mod:`embodied_bus.ros.rmw_zenoh`):
+
+* **ROS → bus**: it subscribes to the configured topics and publishes each message, untouched
+  CDR, as a bus sample stamped with the message's header stamp (a zero stamp falls back to the
+  publisher's source timestamp, flagged; types without a header use the source timestamp).
+* **bus → ROS**: it publishes bus streams and the members of fused frames as ROS topics with
+  their original types and stamps, plus frame statistics as ``DiagnosticArray``.
+* **actions**: ROS-side planners publish JSON on a ``std_msgs/String`` topic and read outcomes
+  on another (when the bridge is given a :class:`~embodied_bus.actions.client.Planner`).
+* **graph**: it declares rmw_zenoh liveliness tokens for its node, subscriptions and
+  publishers, so ``ros2 node list`` / ``ros2 topic list`` / ``ros2 topic echo`` see it.
+* **router**: with ``host_router`` set it runs the Zenoh router itself, so rmw_zenoh nodes on
+  the robot need no ``rmw_zenohd``.
+
+Samples from ROS without the rmw_zenoh attachment are dropped and counted (rmw_zenoh does the
+same); malformed frames and type mismatches are counted and logged once per topic, and the
+bridge keeps serving everything else.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+import time
+from collections import Counter
+from dataclasses import dataclass, field
+from typing import Any
+
+import zenoh
+
+from embodied_bus.actions.client import Planner
+from embodied_bus.bus import Bus
+from embodied_bus.errors import BusConnectionError, EncodingError
+from embodied_bus.fusion.codec import decode_frame
+from embodied_bus.model.qos import Backpressure, PublisherOptions
+from embodied_bus.replay.reader import modality_of
+from embodied_bus.ros.bridge_core import (
+    frame_diagnostics_cdr,
+    frame_messages,
+    header_of,
+    outcome_json,
+    parse_submission,
+    string_cdr,
+    string_from_cdr,
+)
+from embodied_bus.ros.config import FrameRoute, RobotConfig, RosLink, TopicRoute
+from embodied_bus.ros.rmw_zenoh import (
+    DEFAULT_QOS,
+    EntityKind,
+    QosProfile,
+    Reliability,
+    RmwZenohError,
+    entity_token,
+    gid_of,
+    node_token,
+    pack_attachment,
+    topic_key,
+    type_hash,
+    unpack_attachment,
+)
+from embodied_bus.streams.publisher import Publisher
+
+__all__ = ["BridgeCounters", "RmwZenohBridge", "rmw_session_config"]
+
+_log = logging.getLogger("embodied_bus.ros")
+_DIAG_TYPE = "diagnostic_msgs/msg/DiagnosticArray"
+_STRING_TYPE = "std_msgs/msg/String"
+
+
+def rmw_session_config(link: RosLink) -> zenoh.Config:
+    """A Zenoh session configured like rmw_zenoh's defaults: multicast scouting off; a peer that
+    connects to the robot's router, or (``host_router``) the router itself."""
+    conf = zenoh.Config()
+    conf.insert_json5("scouting/multicast/enabled", "false")
+    if link.host_router:
+        conf.insert_json5("mode", '"router"')
+        conf.insert_json5("listen/endpoints", json.dumps([link.host_router]))
+    else:
+        conf.insert_json5("mode", '"peer"')
+        conf.insert_json5("connect/endpoints", json.dumps(list(link.connect)))
+        conf.insert_json5("listen/endpoints", json.dumps(["tcp/localhost:0"]))
+    return conf
+
+
+@dataclass
+class BridgeCounters:
+    """What the bridge did, for tests, ``--json`` and logs."""
+
+    from_ros: Counter[str] = field(default_factory=Counter)
+    to_ros: Counter[str] = field(default_factory=Counter)
+    frames: int = 0
+    rejected: Counter[str] = field(default_factory=Counter)
+    submissions: int = 0
+
+    def as_dict(self) -> dict[str, Any]:
+        """Plain JSON-compatible dict."""
+        return {
+            "from_ros": dict(self.from_ros),
+            "to_ros": dict(self.to_ros),
+            "frames": self.frames,
+            "rejected": dict(self.rejected),
+            "submissions": self.submissions,
+        }
+
+
+class _RosPublisher:
+    """One rmw_zenoh publisher: key, liveliness token, GID, sequence numbers."""
+
+    def __init__(self, bridge: RmwZenohBridge, topic: str, ros_type: str, qos: QosProfile) -> None:
+        link = bridge.config.ros
+        hash_ = type_hash(ros_type, link.distro)
+        self.topic = topic
+        self.ros_type = ros_type
+        self.key = topic_key(link.domain_id, topic, ros_type, hash_)
+        self.token_key = entity_token(
+            link.domain_id,
+            bridge.zid,
+            bridge.node_id,
+            bridge.next_entity_id(),
+            EntityKind.PUBLISHER,
+            link.namespace,
+            link.node_name,
+            topic,
+            ros_type,
+            hash_,
+            qos,
+        )
+        self.gid = gid_of(self.token_key)
+        self.seq = 0
+        session = bridge.session
+        self._pub = session.declare_publisher(
+            self.key,
+            congestion_control=zenoh.CongestionControl.DROP,
+            reliability=zenoh.Reliability.BEST_EFFORT
+            if qos.reliability is Reliability.BEST_EFFORT
+            else zenoh.Reliability.RELIABLE,
+        )
+        self._token = session.liveliness().declare_token(self.token_key)
+
+    def put(self, cdr: bytes | memoryview) -> None:
+        self.seq += 1
+        self._pub.put(bytes(cdr), attachment=pack_attachment(self.seq, time.time_ns(), self.gid))
+
+    def undeclare(self) -> None:
+        with contextlib.suppress(Exception):
+            self._token.undeclare()
+        with contextlib.suppress(Exception):
+            self._pub.undeclare()
+
+
+class RmwZenohBridge:
+    """ROS 2 (rmw_zenoh) ↔ bus bridge; see the module docstring.
+
+    Args:
+        bus: The bus to publish into and subscribe from.
+        config: Topic routes, frame routes and how to join the ROS graph.
+        planner: Accept action submissions from ROS (None: no action topics).
+
+    Use ``async with RmwZenohBridge(...)`` or :meth:`start` / :meth:`close`.
+    """
+
+    def __init__(self, bus: Bus, config: RobotConfig, *, planner: Planner | None = None) -> None:
+        self.bus = bus
+        self.config = config
+        self.planner = planner
+        self.counters = BridgeCounters()
+        self.session: Any = None
+        self.zid = ""
+        self.node_id = 0
+        self.tokens: list[str] = []
+        self._entity = 0
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._tasks: list[asyncio.Task[None]] = []
+        self._decls: list[Any] = []
+        self._ros_pubs: dict[tuple[str, str], _RosPublisher] = {}
+        self._warned: set[str] = set()
+        self._closed = False
+
+    def next_entity_id(self) -> int:
+        """A fresh entity id inside this bridge's session."""
+        self._entity += 1
+        return self._entity
+
+    async def __aenter__(self) -> RmwZenohBridge:
+        await self.start()
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.close()
+
+    async def start(self) -> None:
+        """Open the ROS-side Zenoh session and declare every route.
+
+        Raises:
+            BusConnectionError: The Zenoh session could not be opened (e.g. the router endpoint
+                is taken).
+            RmwZenohError: A route names a type the configured distribution does not define.
+        """
+        self._loop = asyncio.get_running_loop()
+        link = self.config.ros
+        for route in (*self.config.inbound, *self.config.outbound):
+            type_hash(route.ros_type, link.distro)  # fail early, naming the type
+        try:
+            self.session = await asyncio.to_thread(zenoh.open, rmw_session_config(link))
+        except zenoh.ZError as err:
+            where = link.host_router or ", ".join(link.connect)
+            raise BusConnectionError(f"cannot open the rmw_zenoh session ({where}): {err}") from err
+        self.zid = str(self.session.zid())
+        tok = node_token(link.domain_id, self.zid, self.node_id, link.namespace, link.node_name)
+        self._decls.append(self.session.liveliness().declare_token(tok))
+        self.tokens.append(tok)
+        for route in self.config.inbound:
+            pub = await self.bus.publisher(
+                route.stream,
+                modality=modality_of(route.ros_type),
+                encoding=f"cdr:{route.ros_type}",
+                options=PublisherOptions(backpressure=Backpressure.DROP_OLDEST),
+            )
+            self._subscribe_ros(route, pub)
+        for route in self.config.outbound:
+            self._tasks.append(asyncio.create_task(self._forward_stream(route)))
+        for frame_route in self.config.frames:
+            self._tasks.append(asyncio.create_task(self._forward_frames(frame_route)))
+        if self.planner is not None:
+            self._subscribe_submissions()
+
+    def _subscribe_ros(self, route: TopicRoute, pub: Publisher) -> None:
+        link = self.config.ros
+        hash_ = type_hash(route.ros_type, link.distro)
+        key = topic_key(link.domain_id, route.topic, route.ros_type, hash_)
+        loop = self._loop
+        assert loop is not None
+        distro = link.distro
+
+        def on_sample(sample: zenoh.Sample) -> None:
+            att = sample.attachment
+            try:
+                a = unpack_attachment(att.to_bytes() if att is not None else None)
+            except RmwZenohError as err:
+                self.counters.rejected["no_attachment"] += 1
+                self._warn_once(route.topic, f"dropping samples on {route.topic}: {err}")
+                return
+            payload = sample.payload.to_bytes()
+            hdr = header_of(payload, route.ros_type, distro)
+            fallback = False
+            frame_id = ""
+            if hdr is None:
+                stamp = a.source_timestamp_ns
+            else:
+                stamp, frame_id = hdr
+                if stamp == 0:
+                    stamp, fallback = a.source_timestamp_ns or time.time_ns(), True
+            loop.call_soon_threadsafe(self._publish_in, route, pub, payload, stamp, frame_id, fallback)
+
+        self._decls.append(self.session.declare_subscriber(key, on_sample))
+        tok = entity_token(
+            link.domain_id,
+            self.zid,
+            self.node_id,
+            self.next_entity_id(),
+            EntityKind.SUBSCRIPTION,
+            link.namespace,
+            link.node_name,
+            route.topic,
+            route.ros_type,
+            hash_,
+            route.qos,
+        )
+        self._decls.append(self.session.liveliness().declare_token(tok))
+        self.tokens.append(tok)
+
+    def _publish_in(
+        self, route: TopicRoute, pub: Publisher, payload: bytes, stamp_ns: int, frame_id: str, fallback: bool
+    ) -> None:
+        if self._closed:
+            return
+        try:
+            pub.publish_nowait(payload, stamp_ns=stamp_ns, frame_id=frame_id, stamp_fallback=fallback)
+        except Exception as err:  # keep serving the other topics; say what failed
+            self.counters.rejected["publish_error"] += 1
+            self._warn_once(route.stream, f"cannot publish {route.topic} to stream {route.stream}: {err}")
+            return
+        self.counters.from_ros[route.topic] += 1
+
+    def _ros_publisher(self, topic: str, ros_type: str, qos: QosProfile = DEFAULT_QOS) -> _RosPublisher:
+        key = (topic, ros_type)
+        pub = self._ros_pubs.get(key)
+        if pub is None:
+            pub = _RosPublisher(self, topic, ros_type, qos)
+            self._ros_pubs[key] = pub
+            self.tokens.append(pub.token_key)
+        return pub
+
+    async def _forward_stream(self, route: TopicRoute) -> None:
+        sub = await self.bus.subscribe(route.stream)
+        try:
+            async for sample in sub:
+                enc = sample.header.encoding
+                if enc != f"cdr:{route.ros_type}":
+                    self.counters.rejected["type_mismatch"] += 1
+                    self._warn_once(
+                        route.stream,
+                        f"stream {route.stream} carries {enc!r}, not cdr:{route.ros_type}; not "
+                        f"republished on {route.topic}",
+                    )
+                    continue
+                self._ros_publisher(route.topic, route.ros_type, route.qos).put(sample.payload)
+                self.counters.to_ros[route.topic] += 1
+        finally:
+            await sub.close()
+
+    async def _forward_frames(self, route: FrameRoute) -> None:
+        sub = await self.bus.subscribe(route.stream)
+        distro = self.config.ros.distro
+        try:
+            async for sample in sub:
+                try:
+                    frame = decode_frame(sample.payload)
+                except EncodingError as err:
+                    self.counters.rejected["bad_frame"] += 1
+                    self._warn_once(route.stream, f"undecodable frame on {route.stream}: {err}")
+                    continue
+                for msg in frame_messages(frame, route):
+                    try:
+                        self._ros_publisher(msg.topic, msg.ros_type).put(msg.cdr)
+                    except RmwZenohError as err:
+                        self.counters.rejected["unknown_type"] += 1
+                        self._warn_once(msg.topic, f"cannot republish {msg.topic}: {err}")
+                        continue
+                    self.counters.to_ros[msg.topic] += 1
+                self._ros_publisher(route.diagnostics, _DIAG_TYPE).put(
+                    frame_diagnostics_cdr(frame, route, distro=distro)
+                )
+                self.counters.to_ros[route.diagnostics] += 1
+                self.counters.frames += 1
+        finally:
+            await sub.close()
+
+    def _subscribe_submissions(self) -> None:
+        link = self.config.ros
+        hash_ = type_hash(_STRING_TYPE, link.distro)
+        key = topic_key(link.domain_id, self.config.submit_topic, _STRING_TYPE, hash_)
+        results = self._ros_publisher(self.config.results_topic, _STRING_TYPE)
+        loop = self._loop
+        assert loop is not None
+
+        def on_sample(sample: zenoh.Sample) -> None:
+            if sample.attachment is None:
+                self.counters.rejected["no_attachment"] += 1
+                return
+            payload = sample.payload.to_bytes()
+            loop.call_soon_threadsafe(self._spawn_submit, payload, results)
+
+        self._decls.append(self.session.declare_subscriber(key, on_sample))
+        tok = entity_token(
+            link.domain_id,
+            self.zid,
+            self.node_id,
+            self.next_entity_id(),
+            EntityKind.SUBSCRIPTION,
+            link.namespace,
+            link.node_name,
+            self.config.submit_topic,
+            _STRING_TYPE,
+            hash_,
+            DEFAULT_QOS,
+        )
+        self._decls.append(self.session.liveliness().declare_token(tok))
+        self.tokens.append(tok)
+
+    def _spawn_submit(self, payload: bytes, results: _RosPublisher) -> None:
+        if not self._closed:
+            self._tasks.append(asyncio.create_task(self._submit(payload, results)))
+
+    async def _submit(self, payload: bytes, results: _RosPublisher) -> None:
+        assert self.planner is not None
+        self.counters.submissions += 1
+        request_id = None
+        try:
+            req = parse_submission(string_from_cdr(payload))
+            request_id = req.request_id
+            handle = await self.planner.submit(
+                req.kind,
+                req.payload,
+                priority=req.priority,
+                deadline_s=req.deadline_s,
+                idempotency_key=req.idempotency_key,
+            )
+        except Exception as err:  # a bad submission is answered, never fatal
+            self.counters.rejected["bad_submission"] += 1
+            results.put(string_cdr(outcome_json(request_id=request_id, error=str(err))))
+            return
+        queued = await self.planner.get(handle.id)
+        results.put(string_cdr(outcome_json(request_id=request_id, action=queued, status="queued")))
+        try:
+            final = await handle.result()
+        except Exception as err:
+            results.put(string_cdr(outcome_json(request_id=request_id, error=str(err), status="unknown")))
+            return
+        results.put(string_cdr(outcome_json(request_id=request_id, action=final)))
+
+    def _warn_once(self, what: str, message: str) -> None:
+        if what not in self._warned:
+            self._warned.add(what)
+            _log.warning("%s", message)
+
+    async def run(self, stop: asyncio.Event) -> None:
+        """Start, serve until ``stop`` is set, then close."""
+        await self.start()
+        try:
+            await stop.wait()
+        finally:
+            await self.close()
+
+    async def close(self) -> None:
+        """Undeclare everything and close the ROS-side session. Idempotent."""
+        if self._closed:
+            return
+        self._closed = True
+        for t in self._tasks:
+            t.cancel()
+        for t in self._tasks:
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await t
+        for pub in self._ros_pubs.values():
+            pub.undeclare()
+        for d in self._decls:
+            with contextlib.suppress(Exception):
+                d.undeclare()
+        if self.session is not None:
+            await asyncio.to_thread(self.session.close)
