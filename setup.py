@@ -52,6 +52,7 @@ setup(
             "pytest-rerunfailures>=14",
             "hypothesis>=6.100",
             "catkin-pkg>=1.0",
+            "wheel>=0.40",
             "ruff>=0.6",
             "mypy>=1.10",
             "types-PyYAML",
@@ -63,6 +64,11 @@ setup(
     entry_points={
         "console_scripts": [
             "embodied-bus = embodied_bus.cli.main:main",
+            "sensor_bridge = embodied_bus.ros.nodes.sensor_bridge:main",
+            "frame_bridge = embodied_bus.ros.nodes.frame_bridge:main",
+            "action_bridge = embodied_bus.ros.nodes.action_bridge:main",
+            "fusion_worker = embodied_bus.ros.nodes.fusion_worker:main",
+            "queue_service = embodied_bus.ros.nodes.queue_service:main",
         ],
     },
 )

@@ -1,16 +1,24 @@
-"""Launch the embodied_bus demo (synthetic sensors over embedded Zenoh) from ROS 2.
+"""Launch the embodied_bus demo (the README's main job, over embedded Zenoh) from ROS 2.
 
-    ros2 launch embodied_bus demo.launch.py duration:=20
+ros2 launch embodied_bus demo.launch.py
 """
 
-from launch import LaunchDescription
-from launch.actions import DeclareLaunchArgument, ExecuteProcess
+from launch.actions import DeclareLaunchArgument
 from launch.substitutions import LaunchConfiguration
+from launch_ros.actions import Node
+
+from launch import LaunchDescription
 
 
 def generate_launch_description() -> LaunchDescription:
-    duration = LaunchConfiguration("duration")
-    return LaunchDescription([
-        DeclareLaunchArgument("duration", default_value="10", description="seconds to run"),
-        ExecuteProcess(cmd=["embodied-bus", "demo", "--duration", duration], output="screen"),
-    ])
+    return LaunchDescription(
+        [
+            DeclareLaunchArgument("out", default_value="out/demo", description="output directory"),
+            Node(
+                package="embodied_bus",
+                executable="embodied-bus",
+                arguments=["demo", "--out", LaunchConfiguration("out")],
+                output="screen",
+            ),
+        ]
+    )

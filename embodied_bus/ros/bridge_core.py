@@ -7,6 +7,7 @@ works on serialized messages and plain values, so it is tested without ROS.
 
 from __future__ import annotations
 
+import enum
 import json
 import struct
 import time
@@ -20,10 +21,12 @@ from embodied_bus.ros.config import FrameRoute
 from embodied_bus.ros.rmw_zenoh import typestore_for
 
 __all__ = [
+    "GoalOutcome",
     "RosMessage",
     "SubmitRequest",
     "frame_diagnostics_cdr",
     "frame_messages",
+    "goal_outcome",
     "has_header",
     "header_of",
     "outcome_json",
@@ -210,3 +213,33 @@ def outcome_json(
     if error is not None:
         doc.update(status=status or "rejected", error=error)
     return json.dumps(doc)
+
+
+class GoalOutcome(str, enum.Enum):
+    """What the end of a ROS 2 action goal means for the queue."""
+
+    OK = "ok"  # succeeded: ack with the result
+    RETRY = "retry"  # aborted or unknown: nack, the queue retries (on another executor if one exists)
+    CANCELED = "canceled"  # canceled: the queue's cancel went through
+
+
+#: ``action_msgs/msg/GoalStatus`` values.
+GOAL_STATUS = {
+    0: "unknown",
+    1: "accepted",
+    2: "executing",
+    3: "canceling",
+    4: "succeeded",
+    5: "canceled",
+    6: "aborted",
+}
+
+
+def goal_outcome(status: int) -> GoalOutcome:
+    """Map a terminal ``GoalStatus`` onto the queue: SUCCEEDED acks, CANCELED ends a cancel,
+    ABORTED (and anything unexpected) nacks so the action is retried."""
+    if status == 4:
+        return GoalOutcome.OK
+    if status == 5:
+        return GoalOutcome.CANCELED
+    return GoalOutcome.RETRY

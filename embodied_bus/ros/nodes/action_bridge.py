@@ -1,0 +1,171 @@
+"""``ros2 run embodied_bus action_bridge --ros-args -p config:=robot.yaml``
+
+Connects the action queue and ROS 2:
+
+* **ROS planners → queue.** JSON on ``actions.submit_topic`` (``std_msgs/String``)::
+
+      {"kind": "navigate_to", "payload": {...}, "priority": 5, "deadline_s": 30,
+       "idempotency_key": "goal-17", "request_id": "my-correlation-id"}
+
+  Outcomes are published on ``actions.results_topic`` (``std_msgs/String``, JSON with
+  ``request_id``, ``id``, ``kind``, ``status`` = queued | succeeded | dead | canceled |
+  rejected, and ``result`` or ``error``).
+* **Queue → ROS action servers.** An executor takes the queue actions of every routed kind and
+  sends them as goals to the configured action server (e.g. nav2 ``NavigateToPose``): the JSON
+  payload fills the goal's fields; feedback becomes queue feedback; SUCCEEDED acks with the
+  result; ABORTED nacks (the queue retries, on another executor where one exists); a rejected
+  goal or a payload that does not fit the goal dead-letters at once; a queue cancel cancels the
+  goal. An unreachable server nacks, so another robot's bridge can take the action.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from typing import Any
+
+from embodied_bus.actions.client import Planner
+from embodied_bus.actions.executor import ActionContext, Executor
+from embodied_bus.actions.model import Action
+from embodied_bus.actions.policy import PermanentFailure
+from embodied_bus.bus import Bus, open_bus
+from embodied_bus.ros.bridge_core import (
+    GoalOutcome,
+    goal_outcome,
+    outcome_json,
+    parse_submission,
+    string_cdr,
+    string_from_cdr,
+)
+from embodied_bus.ros.config import ActionRoute
+from embodied_bus.ros.nodes._runtime import NodeParams, run_node, to_asyncio
+
+__all__ = ["main"]
+
+NODE_NAME = "action_bridge"
+#: How long to wait for an action server before handing the action back, seconds.
+SERVER_WAIT_S = 5.0
+
+
+def _to_dict(msg: Any) -> Any:
+    from rosidl_runtime_py.convert import message_to_ordereddict
+
+    return json.loads(json.dumps(message_to_ordereddict(msg), default=str))
+
+
+def _route_handler(node: Any, route: ActionRoute) -> Any:
+    from rclpy.action import ActionClient
+    from rosidl_runtime_py.set_message import set_message_fields
+    from rosidl_runtime_py.utilities import get_action
+
+    action_cls = get_action(route.action_type)
+    client = ActionClient(node, action_cls, route.action)
+
+    async def handle(action: Action, ctx: ActionContext) -> Any:
+        loop = asyncio.get_running_loop()
+        if not await asyncio.to_thread(client.wait_for_server, timeout_sec=SERVER_WAIT_S):
+            raise RuntimeError(f"action server {route.action} is not available")
+        goal = action_cls.Goal()
+        try:
+            set_message_fields(goal, action.payload or {})
+        except (AttributeError, TypeError, ValueError) as err:
+            raise PermanentFailure(f"payload does not fit {route.action_type} goal: {err}") from err
+
+        def on_feedback(fb: Any) -> None:
+            loop.call_soon_threadsafe(ctx.feedback, _to_dict(fb.feedback))
+
+        goal_handle = await to_asyncio(loop, client.send_goal_async(goal, feedback_callback=on_feedback))
+        if not goal_handle.accepted:
+            raise PermanentFailure(f"{route.action} rejected the goal")
+        result_fut = to_asyncio(loop, goal_handle.get_result_async())
+        cancel_wait = asyncio.ensure_future(ctx.cancelled.wait())
+        done, _ = await asyncio.wait(
+            {result_fut, cancel_wait}, timeout=route.timeout_s, return_when=asyncio.FIRST_COMPLETED
+        )
+        if result_fut not in done:
+            await to_asyncio(loop, goal_handle.cancel_goal_async())
+            cancel_wait.cancel()
+            reason = (
+                "canceled by the queue" if cancel_wait in done else f"timed out after {route.timeout_s} s"
+            )
+            raise RuntimeError(f"{route.action}: {reason}")
+        cancel_wait.cancel()
+        res = result_fut.result()
+        outcome = goal_outcome(int(res.status))
+        if outcome is GoalOutcome.OK:
+            return _to_dict(res.result)
+        raise RuntimeError(f"{route.action} ended with goal status {int(res.status)} ({outcome.value})")
+
+    return handle
+
+
+async def _submissions(node: Any, bus: Bus, params: NodeParams, stop: asyncio.Event) -> None:
+    from std_msgs.msg import String
+
+    cfg = params.config
+    planner = Planner(bus)
+    loop = asyncio.get_running_loop()
+    results = node.create_publisher(String, cfg.results_topic, 10)
+    tasks: set[asyncio.Task[None]] = set()
+
+    async def submit(raw: bytes) -> None:
+        request_id = None
+        try:
+            req = parse_submission(string_from_cdr(raw))
+            request_id = req.request_id
+            handle = await planner.submit(
+                req.kind,
+                req.payload,
+                priority=req.priority,
+                deadline_s=req.deadline_s,
+                idempotency_key=req.idempotency_key,
+            )
+        except Exception as err:  # answered, never fatal
+            results.publish(string_cdr(outcome_json(request_id=request_id, error=str(err))))
+            return
+        results.publish(
+            string_cdr(
+                outcome_json(request_id=request_id, action=await planner.get(handle.id), status="queued")
+            )
+        )
+        final = await handle.result()
+        results.publish(string_cdr(outcome_json(request_id=request_id, action=final)))
+
+    def on_submit(raw: bytes) -> None:
+        def spawn() -> None:
+            t = asyncio.create_task(submit(raw))
+            tasks.add(t)
+            t.add_done_callback(tasks.discard)
+
+        loop.call_soon_threadsafe(spawn)
+
+    node.create_subscription(String, cfg.submit_topic, on_submit, 10, raw=True)
+    await stop.wait()
+    for t in list(tasks):
+        t.cancel()
+
+
+async def serve(node: Any, params: NodeParams, stop: asyncio.Event) -> None:
+    """Accept submissions and execute routed actions until ``stop`` is set."""
+    cfg = params.config
+    async with open_bus(params.bus, namespace=params.bus_namespace) as bus:
+        jobs = [asyncio.create_task(_submissions(node, bus, params, stop))]
+        if cfg.actions:
+            executor = Executor(bus, f"ros-{node.get_name()}", concurrency=max(1, len(cfg.actions)))
+            for route in cfg.actions:
+                executor.handler(route.kind)(_route_handler(node, route))
+                node.get_logger().info(
+                    f"queue actions '{route.kind}' -> {route.action} ({route.action_type})"
+                )
+            jobs.append(asyncio.create_task(executor.run(stop)))
+        await stop.wait()
+        await asyncio.gather(*jobs, return_exceptions=True)
+
+
+def main(args: list[str] | None = None) -> int:
+    """Run the node (needs rclpy)."""
+    return run_node(NODE_NAME, args, serve)
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
