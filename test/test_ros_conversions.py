@@ -11,6 +11,9 @@ from rosbags.highlevel import AnyReader
 from embodied_bus.model import Header, Modality, Sample
 from embodied_bus.ros import (
     ConversionError,
+    array_to_compressed_image_cdr,
+    array_to_image_cdr,
+    array_to_pointcloud2_cdr,
     compressed_image_to_array,
     decode_cdr,
     image_to_array,
@@ -123,3 +126,50 @@ def test_bad_input_raises_conversion_errors() -> None:
     h = Header("x", Modality.OTHER, 1, 1, 0, 100, 0, "cdr:std_msgs/msg/String", "", 1, 1)
     with pytest.raises(ConversionError, match="no NumPy conversion"):
         sample_to_numpy(Sample(h, b"", 1))
+
+
+def test_real_sick_clouds_round_trip_through_pointcloud2_with_every_field() -> None:
+    for topic in ("/cloud", "/cloud_radar_rawtarget", "/cloud_radar_track"):
+        _, m = messages(recording(*SICK), topic)[0]
+        arr = pointcloud2_to_array(m)
+        back = decode_cdr(
+            array_to_pointcloud2_cdr(arr, frame_id="radar", stamp_ns=7), "sensor_msgs/msg/PointCloud2"
+        )
+        again = pointcloud2_to_array(back)
+        assert again.dtype == arr.dtype and np.array_equal(again.view(np.uint8), arr.view(np.uint8))
+        assert back.header.frame_id == "radar" and back.header.stamp.nanosec == 7
+
+
+@pytest.mark.parametrize("fmt", ["png", "jpeg"])
+def test_a_real_camera_frame_round_trips_through_image_and_compressed_image(fmt: str) -> None:
+    bag = recording("fiducials_raspicam_aruco", "aruco_images.bag")
+    with AnyReader([bag], default_typestore=typestore()) as r:
+        topic = next(c.topic for c in r.connections if c.msgtype.endswith("CompressedImage"))
+    rgb = compressed_image_to_array(messages(bag, topic)[0][1])
+    raw = decode_cdr(array_to_image_cdr(rgb, frame_id="cam", stamp_ns=1_500_000_000), "sensor_msgs/msg/Image")
+    assert raw.encoding == ("rgb8" if rgb.shape[2] == 3 else "mono8") and raw.header.stamp.sec == 1
+    assert np.array_equal(image_to_array(raw), rgb)
+    comp = decode_cdr(
+        array_to_compressed_image_cdr(rgb, frame_id="cam", stamp_ns=0, fmt=fmt),
+        "sensor_msgs/msg/CompressedImage",
+    )
+    back = compressed_image_to_array(comp)
+    assert back.shape == rgb.shape and comp.format == fmt
+    if fmt == "png":
+        assert np.array_equal(back, rgb)  # lossless
+    else:
+        assert np.abs(back.astype(int) - rgb.astype(int)).mean() < 6
+
+
+def test_images_that_fit_no_encoding_are_refused() -> None:
+    with pytest.raises(ConversionError, match="not 'rgb8'"):
+        array_to_image_cdr(np.zeros((2, 2, 1), np.uint8), frame_id="", stamp_ns=0, encoding="rgb8")
+    with pytest.raises(ConversionError, match="no ROS image encoding"):
+        array_to_image_cdr(np.zeros((2, 2, 2), np.uint8), frame_id="", stamp_ns=0)
+    with pytest.raises(ConversionError, match="uint8"):
+        array_to_compressed_image_cdr(np.zeros((2, 2), np.float32), frame_id="", stamp_ns=0)
+    u16 = np.arange(12, dtype=np.uint16).reshape(3, 4)
+    back = image_to_array(
+        decode_cdr(array_to_image_cdr(u16, frame_id="", stamp_ns=0), "sensor_msgs/msg/Image")
+    )
+    assert np.array_equal(back[:, :, 0], u16)

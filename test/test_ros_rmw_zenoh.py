@@ -394,3 +394,63 @@ async def test_ros_planners_submit_actions_as_json_and_read_the_outcome(tmp_path
                 await asyncio.to_thread(node.close)
         stop.set()
         await asyncio.gather(*tasks, return_exceptions=True)
+
+
+def test_the_ros_bridge_command_hosts_the_router_and_bridges_until_interrupted(tmp_path: Path) -> None:
+    import signal
+    import subprocess
+    import sys
+
+    router_port, bus_port = free_ports(2)
+    cfg = tmp_path / "robot.yaml"
+    cfg.write_text(
+        "ros: {node_name: cli_bridge}\n"
+        "streams:\n  chatter: {topic: /chatter, type: std_msgs/msg/String, qos: default}\n"
+    )
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "embodied_bus.cli.main", "ros-bridge", "--config", str(cfg),
+         "--host-router", f"tcp/127.0.0.1:{router_port}", "--bus", f"zenoh:?listen=tcp/127.0.0.1:{bus_port}",
+         "--ns", "cli", "--json"],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+    )  # fmt: skip
+
+    async def exercise() -> None:
+        node = None
+        deadline = time.monotonic() + 30
+        while node is None:
+            try:
+                node = await asyncio.to_thread(RmwNode, f"tcp/127.0.0.1:{router_port}", "cli_talker")
+                await wait_until(
+                    lambda n=node: any(k.endswith("/NN/%/%/cli_bridge") for k in n.graph()), 2, "graph"
+                )
+            except Exception:
+                if node is not None:
+                    await asyncio.to_thread(node.close)
+                    node = None
+                assert proc.poll() is None and time.monotonic() < deadline, "ros-bridge did not come up"
+                await asyncio.sleep(0.3)
+        try:
+            async with open_bus(f"zenoh://127.0.0.1:{bus_port}", namespace="cli") as bus:
+                sub = await bus.subscribe("chatter")
+                for _ in range(100):
+                    node.publish("/chatter", "std_msgs/msg/String", string_cdr("from ros"))
+                    try:
+                        got = await sub.recv(timeout_s=0.2)
+                        break
+                    except TimeoutError:
+                        continue
+                else:
+                    raise AssertionError("nothing bridged from ROS to the bus")
+                assert string_from_cdr(got.payload) == "from ros"
+                assert got.header.encoding == "cdr:std_msgs/msg/String"
+        finally:
+            await asyncio.to_thread(node.close)
+
+    try:
+        asyncio.run(exercise())
+    finally:
+        proc.send_signal(signal.SIGINT)
+        out, err = proc.communicate(timeout=30)
+    assert proc.returncode == 0, err
+    summary = json.loads(out)
+    assert summary["from_ros"]["/chatter"] >= 1

@@ -1,7 +1,10 @@
-"""ROS message conversions (ROS-free, via rosbags) and, later, the rclpy nodes."""
+"""ROS 2 integration: message conversions (ROS-free, via rosbags), the rmw_zenoh wire format and
+bridge (no rclpy), the robot YAML, and the rclpy nodes in :mod:`embodied_bus.ros.nodes`."""
 
 from embodied_bus.ros.conversions import (
     ConversionError,
+    array_to_compressed_image_cdr,
+    array_to_image_cdr,
     array_to_pointcloud2_cdr,
     compressed_image_to_array,
     decode_cdr,
@@ -17,6 +20,8 @@ from embodied_bus.ros.conversions import (
 
 __all__ = [
     "ConversionError",
+    "array_to_compressed_image_cdr",
+    "array_to_image_cdr",
     "array_to_pointcloud2_cdr",
     "compressed_image_to_array",
     "decode_cdr",

@@ -253,3 +253,91 @@ def array_to_pointcloud2_cdr(points: np.ndarray[Any, Any], *, frame_id: str, sta
         is_dense=False,
     )
     return bytes(ts.serialize_cdr(msg, "sensor_msgs/msg/PointCloud2"))
+
+
+def _header(ts: Any, frame_id: str, stamp_ns: int) -> Any:
+    return ts.types["std_msgs/msg/Header"](
+        stamp=ts.types["builtin_interfaces/msg/Time"](
+            sec=int(stamp_ns // 1_000_000_000), nanosec=int(stamp_ns % 1_000_000_000)
+        ),
+        frame_id=frame_id,
+    )
+
+
+_DEFAULT_IMAGE_ENCODING = {
+    ("u1", 1): "mono8",
+    ("u1", 3): "rgb8",
+    ("u1", 4): "rgba8",
+    ("u2", 1): "mono16",
+    ("i2", 1): "16SC1",
+    ("f4", 1): "32FC1",
+    ("i4", 1): "32SC1",
+    ("f8", 1): "64FC1",
+}
+
+
+def array_to_image_cdr(
+    image: np.ndarray[Any, Any], *, frame_id: str, stamp_ns: int, encoding: str | None = None
+) -> bytes:
+    """An HxW or HxWxC array → ``sensor_msgs/msg/Image`` as CDR bytes (rows unpadded, little endian).
+
+    Args:
+        encoding: ROS image encoding; default from dtype and channels (uint8 x1/3/4 →
+            mono8/rgb8/rgba8, uint16 → mono16, float32 → 32FC1, ...).
+
+    Raises:
+        ConversionError: The array does not fit the encoding, or no encoding fits the array.
+    """
+    arr = image if image.ndim == 3 else image.reshape(*image.shape, 1)
+    if arr.ndim != 3:
+        raise ConversionError(f"expected an HxW or HxWxC image array, got shape {image.shape}")
+    key = (arr.dtype.newbyteorder("=").str[1:], arr.shape[2])
+    enc = encoding or _DEFAULT_IMAGE_ENCODING.get(key)
+    if enc is None:
+        raise ConversionError(f"no ROS image encoding for dtype {arr.dtype} with {arr.shape[2]} channels")
+    if enc not in _IMAGE or (np.dtype(_IMAGE[enc][0]).kind, _IMAGE[enc][1]) != (arr.dtype.kind, arr.shape[2]):
+        raise ConversionError(f"a {arr.dtype} array with {arr.shape[2]} channels is not {enc!r}")
+    data = np.ascontiguousarray(arr, dtype=np.dtype(_IMAGE[enc][0]).newbyteorder("<"))
+    h, w, c = data.shape
+    ts = typestore()
+    msg = ts.types["sensor_msgs/msg/Image"](
+        header=_header(ts, frame_id, stamp_ns),
+        height=h,
+        width=w,
+        encoding=enc,
+        is_bigendian=0,
+        step=w * c * data.dtype.itemsize,
+        data=data.reshape(-1).view(np.uint8),
+    )
+    return bytes(ts.serialize_cdr(msg, "sensor_msgs/msg/Image"))
+
+
+def array_to_compressed_image_cdr(
+    image: np.ndarray[Any, Any], *, frame_id: str, stamp_ns: int, fmt: str = "jpeg", quality: int = 90
+) -> bytes:
+    """An HxW(x1|3|4) uint8 array → ``sensor_msgs/msg/CompressedImage`` (``jpeg`` or lossless
+    ``png``) as CDR bytes.
+
+    Raises:
+        ConversionError: Not a uint8 image, or an unknown format.
+    """
+    from PIL import Image
+
+    if fmt not in ("jpeg", "png"):
+        raise ConversionError(f"compressed image format {fmt!r}: expected jpeg or png")
+    if (
+        image.dtype != np.uint8
+        or image.ndim not in (2, 3)
+        or (image.ndim == 3 and image.shape[2] not in (1, 3, 4))
+    ):
+        raise ConversionError(f"expected an HxW(xC) uint8 image, got {image.dtype} {image.shape}")
+    arr = image[:, :, 0] if image.ndim == 3 and image.shape[2] == 1 else image
+    if fmt == "jpeg" and arr.ndim == 3 and arr.shape[2] == 4:
+        arr = arr[:, :, :3]
+    buf = io.BytesIO()
+    Image.fromarray(np.ascontiguousarray(arr)).save(buf, format=fmt.upper(), quality=quality)
+    ts = typestore()
+    msg = ts.types["sensor_msgs/msg/CompressedImage"](
+        header=_header(ts, frame_id, stamp_ns), format=fmt, data=np.frombuffer(buf.getvalue(), dtype=np.uint8)
+    )
+    return bytes(ts.serialize_cdr(msg, "sensor_msgs/msg/CompressedImage"))
