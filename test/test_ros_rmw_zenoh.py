@@ -215,7 +215,10 @@ def _config(router: str) -> dict:  # type: ignore[type-arg]
                 "camera/front": {"role": "required", "max_skew_ms": 25, "expected_period_ms": 100},
             },
         },
-        "publish": {"frames": [{"stream": "frames/fused", "namespace": "/fused"}]},
+        "publish": {
+            "frames": [{"stream": "frames/fused", "namespace": "/fused"}],
+            "streams": [{"stream": "status", "topic": "/robot/status", "type": "std_msgs/msg/String"}],
+        },
     }
 
 
@@ -320,6 +323,28 @@ async def test_ros_topics_become_bus_streams_and_fused_frames_come_back_as_ros_t
     assert len(mp) == 1 and xxhash.xxh3_128(mp[0].encode()).digest()[::-1] in gids
     # the empty probe samples without an attachment were dropped and counted, like rmw_zenoh does
     assert rig.bridge.counters.rejected["no_attachment"] >= 2
+
+
+async def test_bus_streams_are_published_as_ros_topics_and_wrong_types_are_counted(rig: Rig) -> None:
+    node = rig.node
+    status_key = key("/robot/status", "std_msgs/msg/String")
+    node.subscribe(status_key)
+    async with open_bus(rig.bus_url, namespace="rmw") as probe:
+        good = await probe.publisher("status", encoding="cdr:std_msgs/msg/String")
+        wrong = await probe.publisher("status", encoding="npy")
+        await good.wait_for_subscribers(10)
+        for i in range(100):
+            await wrong.publish(b"not a ROS message", stamp_ns=time.time_ns())
+            await good.publish(string_cdr(f"ok {i}"), stamp_ns=time.time_ns())
+            if node.received.get(status_key):
+                break
+            await asyncio.sleep(0.05)
+    await wait_until(lambda: bool(node.received.get(status_key)), 5, "status on ROS")
+    payload, att = node.received[status_key][0]
+    assert string_from_cdr(payload).startswith("ok ") and att is not None and len(att) == 33
+    assert struct.unpack_from("<q", att)[0] == 1
+    await wait_until(lambda: rig.bridge.counters.rejected["type_mismatch"] >= 1, 5, "mismatch counted")
+    assert all(string_from_cdr(p).startswith("ok ") for p, _ in node.received[status_key])
 
 
 async def test_types_without_a_header_are_stamped_with_the_source_timestamp(rig: Rig) -> None:
