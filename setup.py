@@ -39,6 +39,7 @@ setup(
         "mcap>=1.1",
         "prometheus-client>=0.17",
         "xxhash>=3",
+        "cryptography>=41",
     ],
     extras_require={
         "pulsar": ["pulsar-client>=3.5,<4"],

@@ -11,6 +11,7 @@ from embodied_bus.actions.model import Action, ActionError, ActionStatus, decode
 from embodied_bus.actions.service import SERVICE
 from embodied_bus.bus import Bus
 from embodied_bus.errors import BusConnectionError
+from embodied_bus.security.signing import Signer
 
 __all__ = ["ActionHandle", "Planner"]
 
@@ -19,11 +20,20 @@ REQUEST_TIMEOUT_S = 5.0
 
 
 class Planner:
-    """Sends actions through the queue service of a bus."""
+    """Sends actions through the queue service of a bus.
 
-    def __init__(self, bus: Bus, *, timeout_s: float = REQUEST_TIMEOUT_S) -> None:
+    Args:
+        bus: A bus with a queue service.
+        timeout_s: How long a request waits for the queue service.
+        signer: Sign every submitted action (executors with a verifier run only signed ones).
+    """
+
+    def __init__(
+        self, bus: Bus, *, timeout_s: float = REQUEST_TIMEOUT_S, signer: Signer | None = None
+    ) -> None:
         self.bus = bus
         self.timeout_s = timeout_s
+        self.signer = signer
 
     async def _call(self, req: dict[str, Any]) -> dict[str, Any]:
         raw = await self.bus.engine.request(SERVICE, json.dumps(req).encode(), self.timeout_s)
@@ -67,7 +77,8 @@ class Planner:
 
     async def submit_many(self, actions: Sequence[Action]) -> list[ActionHandle]:
         """Submit a batch in one request."""
-        envs = [json.loads(encode_action(a.validate())) for a in actions]
+        signed = [self.signer.sign(a.validate()) if self.signer else a.validate() for a in actions]
+        envs = [json.loads(encode_action(a)) for a in signed]
         reply = await self._call({"op": "submit", "actions": envs})
         return [ActionHandle(self, r["id"], duplicate=r["duplicate"]) for r in reply["actions"]]
 

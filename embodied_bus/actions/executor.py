@@ -14,6 +14,7 @@ from embodied_bus.actions.model import Action, decode_action
 from embodied_bus.actions.policy import PermanentFailure
 from embodied_bus.actions.service import EXECUTOR_GROUP, SERVICE
 from embodied_bus.bus import Bus
+from embodied_bus.security.signing import ActionRejected, Verifier
 
 __all__ = ["ActionContext", "Executor", "Handler"]
 
@@ -57,11 +58,21 @@ class Executor:
         name: Executor id (default random); other executors retry what this one failed.
         concurrency: Handlers running at once.
         labels: Labels matched against action selectors.
+        verifier: Accept only actions signed by a key the allow-list permits for their kind;
+            anything else is dead-lettered with the reason before a handler sees it (None: run
+            unsigned actions too).
     """
 
     def __init__(
-        self, bus: Bus, name: str | None = None, *, concurrency: int = 1, labels: dict[str, str] | None = None
+        self,
+        bus: Bus,
+        name: str | None = None,
+        *,
+        concurrency: int = 1,
+        labels: dict[str, str] | None = None,
+        verifier: Verifier | None = None,
     ) -> None:
+        self.verifier = verifier
         self.bus = bus
         self.name = name or f"ex-{uuid.uuid4().hex[:8]}"
         self.concurrency = concurrency
@@ -90,6 +101,22 @@ class Executor:
         return reply
 
     async def _run_one(self, action: Action) -> None:
+        if self.verifier is not None:
+            try:
+                self.verifier.verify(action)
+            except ActionRejected as err:
+                _log.warning("rejected action %s (%s): %s", action.id, action.kind, err)
+                self.failed += 1
+                await self._call(
+                    {
+                        "op": "nack",
+                        "id": action.id,
+                        "executor": self.name,
+                        "reason": f"rejected by {self.name}: {err}",
+                        "permanent": True,
+                    }
+                )
+                return
         ctx = ActionContext(self, action)
 
         async def keep_lease() -> None:
@@ -132,6 +159,8 @@ class Executor:
         else:
             self.completed += 1
             await self._call({"op": "ack", "id": action.id, "executor": self.name, "result": result})
+            if self.verifier is not None:
+                self.verifier.completed(action)
         finally:
             extender.cancel()
 

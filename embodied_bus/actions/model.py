@@ -92,6 +92,7 @@ class Action:
         cancel_requested: A running action was asked to stop.
         budget_from: Attempts before this index do not count toward the retry limit (a
             dead-lettered action that was requeued).
+        auth: Signature block of a signed action (see :mod:`embodied_bus.security`), or None.
     """
 
     kind: str
@@ -108,6 +109,7 @@ class Action:
     created_ns: int = 0
     cancel_requested: bool = False
     budget_from: int = 0
+    auth: dict[str, Any] | None = None
 
     def validate(self) -> Action:
         """Check kind, priority, payload size and selector; return self.
@@ -133,6 +135,8 @@ class Action:
             isinstance(k, str) and isinstance(v, str) for k, v in self.selector.items()
         ):
             raise ActionError("selector must map label names to string values")
+        if self.auth is not None and not isinstance(self.auth, dict):
+            raise ActionError("auth must be an object (the signature block) or absent")
         try:
             size = len(json.dumps(self.payload))
         except (TypeError, ValueError) as err:
@@ -189,7 +193,8 @@ def decode_action(data: bytes | str) -> Action:
             created_ns=int(d.get("created_ns", 0)),
             cancel_requested=bool(d.get("cancel_requested", False)),
             budget_from=int(d.get("budget_from", 0)),
+            auth=d.get("auth"),
         )
-    except (TypeError, ValueError) as err:
+    except (TypeError, ValueError, OverflowError) as err:
         raise ActionError(f"action envelope is malformed: {err}") from err
     return action.validate()

@@ -14,6 +14,7 @@ from embodied_bus.actions import ActionError, Executor, Planner, QueueService
 from embodied_bus.bus import open_bus
 from embodied_bus.cli.common import add_bus_args, fmt_table, install_stop_signals
 from embodied_bus.errors import BusConfigError
+from embodied_bus.security import Signer, Verifier, load_allow_list, load_private_key
 
 __all__ = ["add_parsers", "load_handlers"]
 
@@ -35,6 +36,13 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-a
     p.add_argument("--name", default=None)
     p.add_argument("--concurrency", type=int, default=1)
     p.add_argument("--label", action="append", default=[], metavar="KEY=VALUE")
+    p.add_argument(
+        "--allow",
+        metavar="ALLOW.yaml",
+        default=None,
+        help="run only actions signed by a key this allow-list permits for their kind (see 'keys')",
+    )
+    p.add_argument("--nonce-db", default=None, help="SQLite file of seen nonces (default: in memory)")
     p.set_defaults(func=run_executor)
 
     p = sub.add_parser("send", help="submit an action and optionally wait for its result")
@@ -46,6 +54,8 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-a
     p.add_argument("--key", default=None, help="idempotency key")
     p.add_argument("--wait", action="store_true", help="print the result when it ends")
     p.add_argument("--timeout", type=float, default=60.0)
+    p.add_argument("--sign", metavar="KEY.pem", default=None, help="sign the action with this private key")
+    p.add_argument("--ttl", type=float, default=60.0, help="signature lifetime in seconds (retries included)")
     p.set_defaults(func=run_send)
 
     p = sub.add_parser("dlq", help="dead-letter queue: list | show ID | requeue ID | purge")
@@ -97,7 +107,12 @@ async def run_executor(args: argparse.Namespace) -> int:
     stop = asyncio.Event()
     install_stop_signals(stop)
     async with open_bus(args.bus, namespace=args.ns) as bus:
-        ex = Executor(bus, args.name, concurrency=args.concurrency, labels=labels)
+        verifier = (
+            Verifier(load_allow_list(args.allow), audience=bus.namespace, nonce_db=args.nonce_db)
+            if args.allow
+            else None
+        )
+        ex = Executor(bus, args.name, concurrency=args.concurrency, labels=labels, verifier=verifier)
         for kind, fn in handlers.items():
             ex.handler(kind)(fn)
         print(f"executor {ex.name} running {', '.join(sorted(handlers))}", flush=True)
@@ -112,7 +127,10 @@ async def run_send(args: argparse.Namespace) -> int:
     except json.JSONDecodeError as err:
         raise ActionError(f"--payload is not valid JSON: {err}") from err
     async with open_bus(args.bus, namespace=args.ns) as bus:
-        planner = Planner(bus)
+        signer = (
+            Signer(load_private_key(args.sign), ttl_s=args.ttl, audience=bus.namespace) if args.sign else None
+        )
+        planner = Planner(bus, signer=signer)
         h = await planner.submit(
             args.kind, payload, priority=args.priority, deadline_s=args.deadline, idempotency_key=args.key
         )

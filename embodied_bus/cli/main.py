@@ -13,6 +13,7 @@ from embodied_bus.cli import (
     demo,
     echo,
     fuse,
+    keys,
     plot,
     pub,
     record,
@@ -37,7 +38,8 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--version", action="version", version=f"embodied-bus {__version__}")
     parser.add_argument("-v", "--verbose", action="store_true", help="debug logging")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
-    for module in (demo, pub, echo, streams, top, replay, record, fuse, stage, plot, router, ros_bridge):
+    subcommands = (demo, pub, echo, streams, top, replay, record, fuse, stage, plot, router, ros_bridge, keys)
+    for module in subcommands:
         module.add_parser(sub)
     actions.add_parsers(sub)
     return parser

@@ -1,0 +1,144 @@
+"""``embodied-bus keys``: planner signing keys and the executors' allow-list.
+
+embodied-bus keys generate ops-planner                      # ops-planner.pem (0600) + ops-planner.pub
+embodied-bus keys allow ops-planner.pub --kinds navigate_to,dock --allow-list allow.yaml
+embodied-bus keys rotate ops-planner --allow-list allow.yaml --grace 300
+embodied-bus keys revoke KEY_ID --allow-list allow.yaml
+embodied-bus keys list --allow-list allow.yaml
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import time
+from pathlib import Path
+
+from embodied_bus.cli.common import fmt_table
+from embodied_bus.security import (
+    AllowedKey,
+    AllowList,
+    KeyFileError,
+    generate_private_key,
+    key_id,
+    load_allow_list,
+    load_private_key,
+    load_public_key,
+    public_key_b64,
+    save_allow_list,
+    save_private_key,
+)
+
+__all__ = ["add_parser"]
+
+
+def add_parser(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
+    p = sub.add_parser("keys", help="signing keys for actions: generate, allow, rotate, revoke, list")
+    ks = p.add_subparsers(dest="keys_command", metavar="KEYS_COMMAND", required=True)
+
+    g = ks.add_parser("generate", help="new Ed25519 key: NAME.pem (private, 0600) and NAME.pub")
+    g.add_argument("name")
+    g.add_argument("--dir", default=".", help="where to write the files (default: .)")
+    g.set_defaults(func=run_generate)
+
+    a = ks.add_parser("allow", help="allow a public key (NAME.pub or base64) to send some kinds")
+    a.add_argument("public_key", help="a .pub file or the base64 key")
+    a.add_argument("--kinds", required=True, help="comma-separated action kinds, or '*'")
+    a.add_argument("--name", default=None, help="label in the allow-list (default: file stem)")
+    a.add_argument("--allow-list", required=True, metavar="ALLOW.yaml")
+    a.set_defaults(func=run_allow)
+
+    r = ks.add_parser("rotate", help="replace NAME.pem with a new key; the old one stays valid --grace s")
+    r.add_argument("name")
+    r.add_argument("--dir", default=".")
+    r.add_argument("--allow-list", required=True, metavar="ALLOW.yaml")
+    r.add_argument("--grace", type=float, default=300.0, help="seconds the old key is still accepted")
+    r.set_defaults(func=run_rotate)
+
+    v = ks.add_parser("revoke", help="remove a key (by key id or label) from the allow-list")
+    v.add_argument("key")
+    v.add_argument("--allow-list", required=True, metavar="ALLOW.yaml")
+    v.set_defaults(func=run_revoke)
+
+    ls = ks.add_parser("list", help="show the allow-list")
+    ls.add_argument("--allow-list", required=True, metavar="ALLOW.yaml")
+    ls.add_argument("--json", action="store_true")
+    ls.set_defaults(func=run_list)
+
+
+def _allow(path: str) -> AllowList:
+    return load_allow_list(path) if Path(path).exists() else AllowList()
+
+
+async def run_generate(args: argparse.Namespace) -> int:
+    key = generate_private_key()
+    pem = save_private_key(key, Path(args.dir) / f"{args.name}.pem")
+    (Path(args.dir) / f"{args.name}.pub").write_text(public_key_b64(key) + "\n")
+    print(json.dumps({"name": args.name, "key_id": key_id(key), "private_key": str(pem),
+                      "public_key": public_key_b64(key)}))  # fmt: skip
+    return 0
+
+
+async def run_allow(args: argparse.Namespace) -> int:
+    src = Path(args.public_key)
+    b64 = src.read_text().strip() if src.exists() else args.public_key
+    load_public_key(b64)
+    kinds = [k.strip() for k in args.kinds.split(",") if k.strip()]
+    if not kinds:
+        raise KeyFileError("--kinds: give at least one action kind (or '*')")
+    name = args.name or (src.stem if src.exists() else key_id(load_public_key(b64)))
+    allow = _allow(args.allow_list).add(AllowedKey(name, b64, frozenset(kinds)))
+    save_allow_list(allow, args.allow_list)
+    print(f"allowed {name} ({key_id(load_public_key(b64))}) to send {', '.join(sorted(kinds))}")
+    return 0
+
+
+async def run_rotate(args: argparse.Namespace) -> int:
+    pem = Path(args.dir) / f"{args.name}.pem"
+    old = load_private_key(pem)
+    old_b64 = public_key_b64(old)
+    allow = _allow(args.allow_list)
+    entry = next((k for k in allow.keys if k.public_key == old_b64), None)
+    if entry is None:
+        raise KeyFileError(f"the key in {pem} is not in {args.allow_list}; allow it before rotating")
+    new = generate_private_key()
+    pem.rename(pem.with_name(f"{args.name}.{key_id(old)}.pem.retired"))
+    save_private_key(new, pem)
+    (Path(args.dir) / f"{args.name}.pub").write_text(public_key_b64(new) + "\n")
+    not_after = time.time_ns() + int(args.grace * 1e9)
+    keys = [
+        dataclasses.replace(k, name=f"{k.name}@{key_id(old)}", not_after_ns=not_after) if k is entry else k
+        for k in allow.keys
+    ]
+    keys.append(AllowedKey(entry.name, public_key_b64(new), entry.kinds))
+    save_allow_list(AllowList(keys), args.allow_list)
+    print(
+        f"rotated {args.name}: new key {key_id(new)}; "
+        f"old key {key_id(old)} accepted for {args.grace:g} s more"
+    )
+    return 0
+
+
+async def run_revoke(args: argparse.Namespace) -> int:
+    allow = _allow(args.allow_list)
+    keep = [k for k in allow.keys if args.key not in (k.key_id, k.name)]
+    if len(keep) == len(allow.keys):
+        raise KeyFileError(f"no key {args.key!r} in {args.allow_list}")
+    save_allow_list(AllowList(keep), args.allow_list)
+    print(f"revoked {args.key}")
+    return 0
+
+
+async def run_list(args: argparse.Namespace) -> int:
+    rows = [
+        {"name": k.name, "key_id": k.key_id, "kinds": ",".join(sorted(k.kinds)),
+         "not_after_ns": k.not_after_ns or None}
+        for k in load_allow_list(args.allow_list).keys
+    ]  # fmt: skip
+    print(
+        json.dumps(rows, indent=2)
+        if args.json
+        else fmt_table(rows, ["name", "key_id", "kinds", "not_after_ns"])
+    )
+    return 0
