@@ -10,6 +10,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from embodied_bus.errors import EmbodiedBusError
+from embodied_bus.model.limits import DEFAULT_LIMITS, DecodeLimits
 
 __all__ = [
     "MAX_KIND_CHARS",
@@ -162,14 +163,18 @@ def encode_action(action: Action) -> bytes:
     return json.dumps(d, separators=(",", ":")).encode()
 
 
-def decode_action(data: bytes | str) -> Action:
+def decode_action(data: bytes | str, *, limits: DecodeLimits | None = None) -> Action:
     """JSON envelope → validated Action.
 
     Raises:
-        ActionError: Not JSON, missing or mistyped fields, or invalid values.
+        ActionError: Not JSON, too large for ``limits.max_action_bytes``, missing or mistyped
+            fields, or invalid values.
     """
-    if isinstance(data, bytes) and len(data) > MAX_PAYLOAD_BYTES + 64 * 1024:
-        raise ActionError(f"action envelope of {len(data)} bytes is too large")
+    lim = limits or DEFAULT_LIMITS
+    if len(data) > lim.max_action_bytes:
+        raise ActionError(
+            f"action envelope of {len(data)} bytes exceeds max_action_bytes {lim.max_action_bytes}"
+        )
     try:
         d = json.loads(data)
     except (UnicodeDecodeError, json.JSONDecodeError) as err:

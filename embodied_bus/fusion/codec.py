@@ -13,6 +13,7 @@ from typing import Any
 
 from embodied_bus.errors import EncodingError
 from embodied_bus.fusion.frame import Member, MultiModalFrame
+from embodied_bus.model.limits import DEFAULT_LIMITS, DecodeLimits
 from embodied_bus.model.sample import Sample
 from embodied_bus.model.wire import Header, HeaderFlags, Modality, validate_stream_name
 
@@ -20,10 +21,10 @@ __all__ = ["FRAME_ENCODING", "MAX_FRAME_MEMBERS", "decode_frame", "encode_frame"
 
 #: Encoding string of frame payloads.
 FRAME_ENCODING = "ebframe"
-#: Most members a decoded frame may have (hostile-input limit).
-MAX_FRAME_MEMBERS = 65_536
-#: Largest JSON document accepted in a frame, in bytes.
-MAX_META_BYTES = 16 * 1024 * 1024
+#: Most members a decoded frame may have by default (see :class:`DecodeLimits`).
+MAX_FRAME_MEMBERS = DEFAULT_LIMITS.max_frame_members
+#: Largest JSON document accepted in a frame by default, in bytes.
+MAX_META_BYTES = DEFAULT_LIMITS.max_frame_meta_bytes
 
 _MAGIC = b"EBF1"
 
@@ -97,17 +98,26 @@ def _int(d: dict[str, Any], key: str) -> int:
     return v
 
 
-def decode_frame(buffer: bytes | bytearray | memoryview) -> MultiModalFrame:
+def decode_frame(
+    buffer: bytes | bytearray | memoryview, *, limits: DecodeLimits | None = None
+) -> MultiModalFrame:
     """Decode a frame; member payloads are views of ``buffer`` (no copy).
+
+    Args:
+        limits: Bounds on payload size, member count, metadata size and string lengths
+            (None: :data:`DEFAULT_LIMITS`).
 
     Raises:
         EncodingError: The buffer is not a valid frame; the message says what is wrong.
     """
+    lim = limits or DEFAULT_LIMITS
     mv = memoryview(buffer)
+    if len(mv) > lim.max_payload_bytes:
+        raise EncodingError(f"frame of {len(mv)} bytes exceeds max_payload_bytes {lim.max_payload_bytes}")
     if len(mv) < 8 or mv[:4].tobytes() != _MAGIC:
         raise EncodingError("frame payload lacks the EBF1 magic")
     (meta_len,) = struct.unpack_from("<I", mv, 4)
-    if meta_len > MAX_META_BYTES or 8 + meta_len > len(mv):
+    if meta_len > lim.max_frame_meta_bytes or 8 + meta_len > len(mv):
         raise EncodingError(f"frame metadata length {meta_len} exceeds the payload ({len(mv)} bytes)")
     try:
         meta = json.loads(mv[8 : 8 + meta_len].tobytes())
@@ -116,8 +126,10 @@ def decode_frame(buffer: bytes | bytearray | memoryview) -> MultiModalFrame:
     if not isinstance(meta, dict) or not isinstance(meta.get("members"), list):
         raise EncodingError("frame metadata must be an object with a members list")
     raw_members = meta["members"]
-    if len(raw_members) > MAX_FRAME_MEMBERS:
-        raise EncodingError(f"frame has {len(raw_members)} members, limit {MAX_FRAME_MEMBERS}")
+    if len(raw_members) > lim.max_frame_members:
+        raise EncodingError(
+            f"frame has {len(raw_members)} members, limit max_frame_members {lim.max_frame_members}"
+        )
     body = mv[8 + meta_len :]
     members: dict[str, list[Member]] = {}
     for d in raw_members:
@@ -137,6 +149,8 @@ def decode_frame(buffer: bytes | bytearray | memoryview) -> MultiModalFrame:
         for key in ("encoding", "frame_id"):
             if not isinstance(d.get(key), str):
                 raise EncodingError(f"frame member {stream!r} field {key!r} must be a string")
+            if len(d[key]) > lim.max_string_bytes:
+                raise EncodingError(f"frame member {stream!r} field {key!r} exceeds max_string_bytes")
         width = _int(d, "width_ns")
         if width <= 0:
             raise EncodingError(f"frame member {stream!r} has a non-positive bucket width")

@@ -9,11 +9,13 @@ from __future__ import annotations
 
 import functools
 import io
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
 
 from embodied_bus.errors import EncodingError
+from embodied_bus.model.limits import DEFAULT_LIMITS, DecodeLimits
 from embodied_bus.model.sample import Sample
 
 __all__ = [
@@ -86,8 +88,16 @@ def decode_cdr(payload: bytes | memoryview, typename: str, store: Any = None) ->
         raise ConversionError(f"malformed CDR for {typename}: {type(err).__name__}: {err}") from err
 
 
-def pointcloud2_dtype(msg: Any) -> np.dtype[Any]:
+def pointcloud2_dtype(msg: Any, *, limits: DecodeLimits | None = None) -> np.dtype[Any]:
     """The structured dtype of a PointCloud2's points, for any field layout (padding kept)."""
+    lim = limits or DEFAULT_LIMITS
+    if len(msg.fields) > lim.max_point_fields:
+        raise ConversionError(
+            f"PointCloud2 has {len(msg.fields)} fields, limit max_point_fields {lim.max_point_fields}"
+        )
+    step = int(msg.point_step)
+    if step <= 0:
+        raise ConversionError(f"PointCloud2 point_step must be positive, got {step}")
     names: list[str] = []
     formats: list[Any] = []
     offsets: list[int] = []
@@ -99,6 +109,11 @@ def pointcloud2_dtype(msg: Any) -> np.dtype[Any]:
         if f.name in names:
             continue  # duplicated names appear in some drivers; keep the first
         fmt = endian + base if base not in ("i1", "u1") else base
+        count, offset = int(f.count), int(f.offset)
+        if offset < 0 or count < 0 or offset + np.dtype(base).itemsize * max(count, 1) > step:
+            raise ConversionError(
+                f"PointField {f.name!r} (offset {offset}, count {count}) does not fit point_step {step}"
+            )
         names.append(f.name or f"_{len(names)}")
         formats.append(fmt if int(f.count) <= 1 else (fmt, (int(f.count),)))
         offsets.append(int(f.offset))
@@ -106,17 +121,24 @@ def pointcloud2_dtype(msg: Any) -> np.dtype[Any]:
         return np.dtype(
             {"names": names, "formats": formats, "offsets": offsets, "itemsize": int(msg.point_step)}
         )
-    except ValueError as err:
+    except (ValueError, TypeError) as err:
         raise ConversionError(f"PointCloud2 fields do not fit point_step {msg.point_step}: {err}") from err
 
 
-def pointcloud2_to_array(msg: Any) -> np.ndarray[Any, Any]:
+def pointcloud2_to_array(msg: Any, *, limits: DecodeLimits | None = None) -> np.ndarray[Any, Any]:
     """PointCloud2 → structured array of shape (height, width) (or (width,) if height is 1).
 
     Zero-copy when rows are not padded.
+
+    Raises:
+        ConversionError: Fields that do not fit the point, data shorter than the header claims,
+            or more points or fields than ``limits`` allow.
     """
-    dtype = pointcloud2_dtype(msg)
+    lim = limits or DEFAULT_LIMITS
+    dtype = pointcloud2_dtype(msg, limits=lim)
     h, w = int(msg.height), int(msg.width)
+    if h * w > lim.max_points:
+        raise ConversionError(f"PointCloud2 of {h}x{w} points exceeds max_points {lim.max_points}")
     step, row = int(msg.point_step), int(msg.row_step)
     data = np.asarray(msg.data, dtype=np.uint8)
     if row < w * step or data.size < h * row:
@@ -131,8 +153,18 @@ def pointcloud2_to_array(msg: Any) -> np.ndarray[Any, Any]:
     return arr if h == 1 else arr.reshape(h, w)
 
 
-def image_to_array(msg: Any) -> np.ndarray[Any, Any]:
-    """sensor_msgs/Image → HxWxC array (C = 1 kept), viewing the data when rows are unpadded."""
+def image_to_array(msg: Any, *, limits: DecodeLimits | None = None) -> np.ndarray[Any, Any]:
+    """sensor_msgs/Image → HxWxC array (C = 1 kept), viewing the data when rows are unpadded.
+
+    Raises:
+        ConversionError: Unknown encoding, data shorter than the header claims, or more pixels
+            than ``limits`` allow.
+    """
+    lim = limits or DEFAULT_LIMITS
+    if int(msg.height) * int(msg.width) > lim.max_image_pixels:
+        raise ConversionError(
+            f"image of {msg.height}x{msg.width} exceeds max_image_pixels {lim.max_image_pixels}"
+        )
     enc = str(msg.encoding)
     if enc not in _IMAGE:
         raise ConversionError(f"unsupported image encoding {enc!r}")
@@ -149,15 +181,27 @@ def image_to_array(msg: Any) -> np.ndarray[Any, Any]:
     return rows.view(dt).reshape(h, w, ch)
 
 
-def compressed_image_to_array(msg_or_bytes: Any) -> np.ndarray[Any, Any]:
-    """sensor_msgs/CompressedImage (JPEG, PNG) or raw compressed bytes → HxWxC uint8 array."""
+def compressed_image_to_array(
+    msg_or_bytes: Any, *, limits: DecodeLimits | None = None
+) -> np.ndarray[Any, Any]:
+    """sensor_msgs/CompressedImage (JPEG, PNG) or raw compressed bytes → HxWxC uint8 array.
+
+    The image size is checked against ``limits`` before anything is decompressed (no
+    decompression bombs).
+    """
     from PIL import Image, UnidentifiedImageError
 
+    lim = limits or DEFAULT_LIMITS
     data = msg_or_bytes if isinstance(msg_or_bytes, (bytes, bytearray, memoryview)) else msg_or_bytes.data
     try:
         with Image.open(io.BytesIO(bytes(data))) as img:
+            w, h = img.size
+            if w * h > lim.max_image_pixels:
+                raise ConversionError(
+                    f"compressed image of {w}x{h} exceeds max_image_pixels {lim.max_image_pixels}"
+                )
             arr = np.asarray(img)
-    except (UnidentifiedImageError, OSError, ValueError) as err:
+    except (UnidentifiedImageError, OSError, ValueError, Image.DecompressionBombError, SyntaxError) as err:
         raise ConversionError(f"cannot decode compressed image: {err}") from err
     return arr if arr.ndim == 3 else arr[:, :, None]
 
@@ -182,7 +226,7 @@ def laserscan_to_points(msg: Any) -> np.ndarray[Any, Any]:
     return np.stack([r * np.cos(a), r * np.sin(a)], axis=1).astype(np.float32)
 
 
-_CONVERTERS = {
+_CONVERTERS: dict[str, Callable[[Any], np.ndarray[Any, Any]]] = {
     "sensor_msgs/msg/PointCloud2": pointcloud2_to_array,
     "sensor_msgs/msg/Image": image_to_array,
     "sensor_msgs/msg/CompressedImage": compressed_image_to_array,

@@ -1,0 +1,326 @@
+"""Hostile input: every decoder that reads bytes from the network, fuzzed with hypothesis.
+
+Each decoder must return a value or raise its own clear error (never another exception), finish
+quickly (hypothesis deadline) and allocate little (tracemalloc peak per example). Inputs are
+random bytes and mutations of valid messages (bit flips, truncation, extension, hostile fields).
+Scale with ``EMBODIED_BUS_FUZZ_EXAMPLES`` (default 200 per target in the test command; the
+closing note records a longer run).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import struct
+import tracemalloc
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from typing import Any
+
+import numpy as np
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from embodied_bus.actions.model import Action, ActionError, decode_action, encode_action
+from embodied_bus.errors import EncodingError, HeaderError
+from embodied_bus.fusion.codec import decode_frame, encode_frame
+from embodied_bus.fusion.frame import Member, MultiModalFrame
+from embodied_bus.model.encoding import decode_npy, encode_npy
+from embodied_bus.model.limits import DecodeLimits
+from embodied_bus.model.sample import Sample
+from embodied_bus.model.wire import (
+    Header,
+    HeaderFlags,
+    Modality,
+    decode_header,
+    decode_properties,
+    encode_header,
+    encode_properties,
+)
+from embodied_bus.ros.bridge_core import parse_submission, string_from_cdr
+from embodied_bus.ros.conversions import (
+    ConversionError,
+    array_to_compressed_image_cdr,
+    array_to_image_cdr,
+    array_to_pointcloud2_cdr,
+    decode_cdr,
+    pointcloud2_to_array,
+    sample_to_numpy,
+    typestore,
+)
+from embodied_bus.ros.rmw_zenoh import RmwZenohError, unpack_attachment
+from embodied_bus.security import (
+    ActionRejected,
+    AllowedKey,
+    AllowList,
+    Signer,
+    Verifier,
+    generate_private_key,
+)
+from embodied_bus.security.keys import public_key_b64
+
+EXAMPLES = int(os.environ.get("EMBODIED_BUS_FUZZ_EXAMPLES", "200"))
+FUZZ = settings(
+    max_examples=EXAMPLES,
+    deadline=2000,  # ms per example: no hangs
+    suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],
+    derandomize=os.environ.get("EMBODIED_BUS_FUZZ_RANDOM") != "1",
+)
+#: Peak Python/NumPy allocation allowed while decoding one input (bytes).
+PEAK_BYTES = 48 * 1024 * 1024
+
+
+@contextmanager
+def bounded_memory(extra: int = 0) -> Iterator[None]:
+    tracemalloc.start()
+    try:
+        yield
+        _, peak = tracemalloc.get_traced_memory()
+        assert peak < PEAK_BYTES + extra, f"decoder allocated {peak} bytes"
+    finally:
+        tracemalloc.stop()
+
+
+def only(errors: tuple[type[BaseException], ...], fn: Callable[[], Any], extra: int = 0) -> Any:
+    """Run ``fn``: it may return or raise one of ``errors``; anything else fails the test."""
+    with bounded_memory(extra):
+        try:
+            return fn()
+        except errors:
+            return None
+
+
+@st.composite
+def mutated(draw: st.DrawFn, valid: bytes) -> bytes:
+    """A valid message with bytes flipped, cut or appended."""
+    data = bytearray(valid)
+    for _ in range(draw(st.integers(0, 8))):
+        if data:
+            i = draw(st.integers(0, len(data) - 1))
+            data[i] = draw(st.integers(0, 255))
+    cut = draw(st.integers(0, len(data)))
+    data = data[: cut if draw(st.booleans()) else len(data)]
+    return bytes(data) + draw(st.binary(max_size=16))
+
+
+HEADER = Header(
+    "lidar/top", Modality.LIDAR, 7, 1_700_000_000_000_000_000, 17_000_000_000, 100_000_000, 0,
+    "cdr:sensor_msgs/msg/PointCloud2", "velodyne", 42, 1_700_000_000_000_000_100, HeaderFlags(0),
+)  # fmt: skip
+
+
+@FUZZ
+@given(st.one_of(st.binary(max_size=256), mutated(encode_header(HEADER))))
+def test_sample_headers_decode_or_raise_header_error(data: bytes) -> None:
+    h = only((HeaderError,), lambda: decode_header(data))
+    if h is not None:
+        assert h.seq >= 1 and h.bucket_width_ns > 0
+
+
+@FUZZ
+@given(st.dictionaries(st.sampled_from(sorted(encode_properties(HEADER))), st.text(max_size=30), max_size=14))
+def test_pulsar_properties_decode_or_raise_header_error(props: dict[str, str]) -> None:
+    full = {**encode_properties(HEADER), **props}
+    only((HeaderError,), lambda: decode_properties(full))
+    only((HeaderError,), lambda: decode_properties(props))
+
+
+def _valid_frame() -> bytes:
+    cdr = array_to_pointcloud2_cdr(np.zeros((4, 3), np.float32), frame_id="l", stamp_ns=1)
+    m = Member(Sample(HEADER, cdr, 5), HEADER.stamp_ns, 0)
+    f = MultiModalFrame(17, 0, 100, HEADER.stamp_ns, {"lidar/top": (m,)}, ("camera",), False, max_skew_ns=3)
+    return bytes(encode_frame(f))
+
+
+JSON = st.recursive(
+    st.none() | st.booleans() | st.integers() | st.floats() | st.text(max_size=20),
+    lambda c: st.lists(c, max_size=4) | st.dictionaries(st.text(max_size=10), c, max_size=4),
+    max_leaves=20,
+)
+
+
+@st.composite
+def hostile_frame_meta(draw: st.DrawFn) -> bytes:
+    valid = _valid_frame()
+    (n,) = struct.unpack_from("<I", valid, 4)
+    meta = json.loads(valid[8 : 8 + n])
+    member = meta["members"][0]
+    for key in draw(st.lists(st.sampled_from(sorted(member)), max_size=4)):
+        member[key] = draw(JSON)
+    if draw(st.booleans()):
+        meta["members"] = meta["members"] * draw(st.integers(0, 50))
+    raw = json.dumps(meta).encode()
+    return valid[:4] + struct.pack("<I", len(raw)) + raw + valid[8 + n :]
+
+
+@FUZZ
+@given(st.one_of(st.binary(max_size=512), mutated(_valid_frame()), hostile_frame_meta()))
+def test_frames_decode_or_raise_encoding_error(data: bytes) -> None:
+    frame = only((EncodingError,), lambda: decode_frame(data, limits=DecodeLimits(max_frame_members=64)))
+    if frame is not None:
+        for members in frame.members.values():
+            for m in members:
+                assert len(m.sample.payload) <= len(data)
+
+
+def _cdr(typename: str) -> bytes:
+    ts = typestore()
+    t = ts.types
+    hdr = t["std_msgs/msg/Header"](stamp=t["builtin_interfaces/msg/Time"](sec=1, nanosec=2), frame_id="f")
+    v3 = t["geometry_msgs/msg/Vector3"](x=1.0, y=2.0, z=3.0)
+    if typename == "sensor_msgs/msg/PointCloud2":
+        pts = np.zeros(5, dtype=[("x", "<f4"), ("y", "<f4"), ("z", "<f4"), ("i", "<u2")])
+        return array_to_pointcloud2_cdr(pts, frame_id="f", stamp_ns=1)
+    if typename == "sensor_msgs/msg/Image":
+        return array_to_image_cdr(np.zeros((4, 5, 3), np.uint8), frame_id="f", stamp_ns=1)
+    if typename == "sensor_msgs/msg/CompressedImage":
+        return array_to_compressed_image_cdr(
+            np.zeros((8, 8, 3), np.uint8), frame_id="f", stamp_ns=1, fmt="png"
+        )
+    if typename == "sensor_msgs/msg/NavSatFix":
+        msg = t[typename](
+            header=hdr, status=t["sensor_msgs/msg/NavSatStatus"](status=0, service=1), latitude=47.0,
+            longitude=8.0, altitude=400.0, position_covariance=np.zeros(9), position_covariance_type=0,
+        )  # fmt: skip
+    elif typename == "sensor_msgs/msg/Imu":
+        msg = t[typename](
+            header=hdr, orientation=t["geometry_msgs/msg/Quaternion"](x=0.0, y=0.0, z=0.0, w=1.0),
+            orientation_covariance=np.zeros(9), angular_velocity=v3, angular_velocity_covariance=np.zeros(9),
+            linear_acceleration=v3, linear_acceleration_covariance=np.zeros(9),
+        )  # fmt: skip
+    else:
+        msg = t[typename](
+            header=hdr, angle_min=-1.0, angle_max=1.0, angle_increment=0.5, time_increment=0.0, scan_time=0.1,
+            range_min=0.1, range_max=10.0, ranges=np.ones(5, np.float32), intensities=np.ones(5, np.float32),
+        )  # fmt: skip
+    return bytes(ts.serialize_cdr(msg, typename))
+
+
+SENSOR_TYPES = [
+    "sensor_msgs/msg/PointCloud2",
+    "sensor_msgs/msg/Image",
+    "sensor_msgs/msg/CompressedImage",
+    "sensor_msgs/msg/NavSatFix",
+    "sensor_msgs/msg/Imu",
+    "sensor_msgs/msg/LaserScan",
+]
+
+
+@pytest.mark.parametrize("typename", SENSOR_TYPES)
+def test_cdr_sensor_messages_convert_or_raise_conversion_error(typename: str) -> None:
+    valid = _cdr(typename)
+    header = HEADER._replace(encoding=f"cdr:{typename}")
+    assert sample_to_numpy(Sample(header, valid, 0)) is not None
+
+    @FUZZ
+    @given(st.one_of(st.binary(max_size=256), mutated(valid)))
+    def run(data: bytes) -> None:
+        only((ConversionError,), lambda: sample_to_numpy(Sample(header, data, 0)))
+
+    run()
+
+
+@st.composite
+def hostile_cloud(draw: st.DrawFn) -> Any:
+    ts = typestore()
+    t = ts.types
+    fields = [
+        t["sensor_msgs/msg/PointField"](
+            name=draw(st.text(max_size=4)),
+            offset=draw(st.integers(0, 2**32 - 1)),
+            datatype=draw(st.integers(0, 255)),
+            count=draw(st.integers(0, 2**32 - 1)),
+        )
+        for _ in range(draw(st.integers(0, 5)))
+    ]
+    hdr = t["std_msgs/msg/Header"](stamp=t["builtin_interfaces/msg/Time"](sec=0, nanosec=0), frame_id="")
+    msg = t["sensor_msgs/msg/PointCloud2"](
+        header=hdr,
+        height=draw(st.integers(0, 2**32 - 1)),
+        width=draw(st.integers(0, 2**32 - 1)),
+        fields=fields,
+        is_bigendian=draw(st.booleans()),
+        point_step=draw(st.integers(0, 2**32 - 1)),
+        row_step=draw(st.integers(0, 2**32 - 1)),
+        data=np.frombuffer(draw(st.binary(max_size=256)), dtype=np.uint8),
+        is_dense=True,
+    )
+    return bytes(ts.serialize_cdr(msg, "sensor_msgs/msg/PointCloud2"))
+
+
+@FUZZ
+@given(hostile_cloud())
+def test_point_clouds_with_hostile_layouts_never_allocate_what_their_header_claims(cdr: bytes) -> None:
+    def convert() -> Any:
+        return pointcloud2_to_array(decode_cdr(cdr, "sensor_msgs/msg/PointCloud2"))
+
+    arr = only((ConversionError,), convert)
+    if arr is not None:
+        assert arr.nbytes <= len(cdr)
+
+
+def _envelope() -> bytes:
+    return encode_action(Action("navigate_to", {"goal": [1.0, 2.0]}, priority=3))
+
+
+@st.composite
+def hostile_envelope(draw: st.DrawFn) -> bytes:
+    d = json.loads(_envelope())
+    for key in draw(st.lists(st.sampled_from([*sorted(d), "auth"]), max_size=5)):
+        d[key] = draw(JSON)
+    return json.dumps(d).encode()
+
+
+@FUZZ
+@given(st.one_of(st.binary(max_size=256), mutated(_envelope()), hostile_envelope()))
+def test_action_envelopes_decode_or_raise_action_error(data: bytes) -> None:
+    only((ActionError,), lambda: decode_action(data))
+
+
+KEY = generate_private_key()
+VERIFIER = Verifier(AllowList([AllowedKey("p", public_key_b64(KEY), frozenset({"*"}))]))
+
+
+@FUZZ
+@given(st.dictionaries(st.sampled_from(["v", "key", "nonce", "expires_ns", "aud", "sig"]), JSON, max_size=6))
+def test_hostile_signature_blocks_are_rejected_never_crash(fields: dict[str, Any]) -> None:
+    good = Signer(KEY).sign(Action("dock"))
+    auth = {**(good.auth or {}), **fields}
+    action = Action("dock", auth=auth, id=good.id)
+    only((ActionRejected,), lambda: VERIFIER.verify(action))
+
+
+@FUZZ
+@given(st.one_of(st.binary(max_size=64), mutated(bytes(33))))
+def test_rmw_attachments_and_ros_strings_decode_or_raise(data: bytes) -> None:
+    only((RmwZenohError,), lambda: unpack_attachment(data))
+    only((ValueError,), lambda: string_from_cdr(data))
+    only((ValueError,), lambda: parse_submission(data.decode(errors="replace")))
+
+
+@FUZZ
+@given(st.one_of(st.binary(max_size=300), mutated(bytes(encode_npy(np.arange(6, dtype=np.float32))))))
+def test_npy_payloads_decode_or_raise_encoding_error(data: bytes) -> None:
+    only((EncodingError,), lambda: decode_npy(data))
+
+
+def test_npy_headers_nested_to_exhaust_the_parser_are_rejected() -> None:
+    text = ("(" * 100_000).encode()
+    blob = b"\x93NUMPY\x02\x00" + struct.pack("<I", len(text)) + text
+    with pytest.raises(EncodingError):
+        decode_npy(blob)
+
+
+def test_limits_are_configurable_and_named_in_errors() -> None:
+    with pytest.raises(EncodingError, match="max_payload_bytes 10"):
+        decode_frame(_valid_frame(), limits=DecodeLimits(max_payload_bytes=10))
+    with pytest.raises(EncodingError, match="max_string_bytes"):
+        decode_frame(_valid_frame(), limits=DecodeLimits(max_string_bytes=3))
+    with pytest.raises(ConversionError, match="max_points"):
+        pointcloud2_to_array(decode_cdr(_cdr("sensor_msgs/msg/PointCloud2"), "sensor_msgs/msg/PointCloud2"),
+                             limits=DecodeLimits(max_points=2))  # fmt: skip
+    with pytest.raises(ActionError, match="max_action_bytes"):
+        decode_action(_envelope(), limits=DecodeLimits(max_action_bytes=10))
+    with pytest.raises(Exception, match="positive integer"):
+        DecodeLimits(max_points=0)
