@@ -9,12 +9,14 @@ Zenoh (embedded, the default)::
     zenoh:?mode=client&connect=tcp/10.0.0.2:7447 client of a router
     zenoh:?scouting=multicast                enable multicast scouting (LAN discovery)
     zenoh:?shm=1                             enable shared memory transport
-    zenoh:?config=/etc/zenoh/robot.json5     start from a Zenoh config file
+    zenoh:?config=/etc/zenoh/robot.json5     start from a Zenoh config file (TLS, access control...)
+    zenoh:?listen=tls/0.0.0.0:7447&tls_ca=ca.pem&tls_cert=robot.pem&tls_key=robot.key&mtls=1
+                                             TLS endpoints; mtls=1 requires client certificates
 
 Apache Pulsar (a cluster)::
 
     pulsar://broker:6650?tenant=public&pulsar_namespace=default
-    pulsar+ssl://broker:6651?tls_ca=/path/ca.pem&token=...
+    pulsar+ssl://broker:6651?tls_ca=/path/ca.pem&token_file=/path/token
 
 Every URL accepts ``ns=<robot namespace>`` and ``timeout=<seconds>`` (connect timeout).
 """
@@ -67,7 +69,12 @@ class ZenohSettings:
         multicast_scouting: Enable multicast scouting (off by default: robots on a shared LAN
             should not discover each other by accident).
         shm: Enable the shared-memory transport (None: engine default).
-        config_file: A Zenoh JSON5 config file applied first.
+        config_file: A Zenoh JSON5 config file applied first (TLS, access control, ...).
+        tls_ca: CA certificate (PEM) that peer and router certificates must chain to.
+        tls_cert: This session's certificate (PEM), for its TLS listeners and, with mTLS, for
+            the connections it opens.
+        tls_key: The private key of ``tls_cert``.
+        mtls: Require and present client certificates (mutual TLS).
         connect_timeout_s: Seconds to reach the endpoints in ``connect``.
         namespace: Robot namespace; streams live under ``eb/<namespace>/``.
     """
@@ -80,8 +87,16 @@ class ZenohSettings:
     config_file: str | None = None
     connect_timeout_s: float = DEFAULT_CONNECT_TIMEOUT_S
     namespace: str = DEFAULT_NAMESPACE
+    tls_ca: str | None = None
+    tls_cert: str | None = None
+    tls_key: str | None = None
+    mtls: bool = False
 
     def __post_init__(self) -> None:
+        if (self.tls_cert is None) != (self.tls_key is None):
+            raise BusConfigError("zenoh TLS: give tls_cert and tls_key together")
+        if self.mtls and (self.tls_cert is None or self.tls_ca is None):
+            raise BusConfigError("zenoh mtls=1 needs tls_ca, tls_cert and tls_key")
         if self.mode not in _ZENOH_MODES:
             raise BusConfigError(f"zenoh mode must be one of {_ZENOH_MODES}, got {self.mode!r}")
         if self.mode == "client" and not self.connect:
@@ -134,6 +149,18 @@ def _flag(key: str, value: str) -> bool:
     raise BusConfigError(f"URL option {key}={value!r} is not a boolean (use 1/0, true/false)")
 
 
+def _read_token(path: str | None) -> str | None:
+    if not path:
+        return None
+    try:
+        token = open(path, encoding="utf-8").read().strip()  # noqa: SIM115
+    except OSError as err:
+        raise BusConfigError(f"cannot read Pulsar token file {path!r}: {err}") from err
+    if not token:
+        raise BusConfigError(f"Pulsar token file {path!r} is empty")
+    return token
+
+
 def _split_list(values: list[str]) -> tuple[str, ...]:
     out: list[str] = []
     for v in values:
@@ -182,7 +209,18 @@ def parse_bus_url(
         if parts.hostname:
             port = parts.port or 7447
             connect.insert(0, f"tcp/{parts.hostname}:{port}")
-        known = {"mode", "listen", "connect", "scouting", "shm", "config"}
+        known = {
+            "mode",
+            "listen",
+            "connect",
+            "scouting",
+            "shm",
+            "config",
+            "tls_ca",
+            "tls_cert",
+            "tls_key",
+            "mtls",
+        }
         unknown = set(last) - known
         if unknown:
             raise BusConfigError(
@@ -200,6 +238,10 @@ def parse_bus_url(
             config_file=last.get("config") or None,
             connect_timeout_s=timeout_s,
             namespace=ns,
+            tls_ca=last.get("tls_ca") or None,
+            tls_cert=last.get("tls_cert") or None,
+            tls_key=last.get("tls_key") or None,
+            mtls=_flag("mtls", last.get("mtls", "0")),
         )
     if scheme in ("pulsar", "pulsar+ssl"):
         if not parts.hostname:
@@ -208,7 +250,7 @@ def parse_bus_url(
             port = parts.port or (6651 if scheme == "pulsar+ssl" else 6650)
         except ValueError as err:
             raise BusConfigError(f"bad port in bus URL {url!r}") from err
-        known = {"tenant", "pulsar_namespace", "tls_ca", "tls_allow_insecure", "token"}
+        known = {"tenant", "pulsar_namespace", "tls_ca", "tls_allow_insecure", "token", "token_file"}
         unknown = set(last) - known
         if unknown:
             raise BusConfigError(
@@ -220,7 +262,7 @@ def parse_bus_url(
             pulsar_namespace=last.get("pulsar_namespace", "default"),
             tls_trust_certs_file=last.get("tls_ca") or None,
             tls_allow_insecure=_flag("tls_allow_insecure", last.get("tls_allow_insecure", "0")),
-            token=last.get("token") or None,
+            token=last.get("token") or _read_token(last.get("token_file")),
             connect_timeout_s=timeout_s,
             namespace=ns,
         )

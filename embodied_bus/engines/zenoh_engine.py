@@ -83,6 +83,17 @@ def build_zenoh_config(settings: ZenohSettings) -> zenoh.Config:
             cfg.insert_json5("connect/exit_on_failure", "true")
         if settings.shm is not None:
             cfg.insert_json5("transport/shared_memory/enabled", json.dumps(settings.shm))
+        tls = "transport/link/tls/"
+        if settings.tls_ca:
+            cfg.insert_json5(tls + "root_ca_certificate", json.dumps(settings.tls_ca))
+        if settings.tls_cert and settings.tls_key:
+            cfg.insert_json5(tls + "listen_certificate", json.dumps(settings.tls_cert))
+            cfg.insert_json5(tls + "listen_private_key", json.dumps(settings.tls_key))
+            if settings.mtls:
+                cfg.insert_json5(tls + "connect_certificate", json.dumps(settings.tls_cert))
+                cfg.insert_json5(tls + "connect_private_key", json.dumps(settings.tls_key))
+        if settings.mtls:
+            cfg.insert_json5(tls + "enable_mtls", "true")
     except zenoh.ZError as err:
         raise BusConfigError(f"invalid Zenoh configuration: {err}") from err
     except OSError as err:
