@@ -364,6 +364,12 @@ class PulsarEngine(Engine):
                 asyncio.to_thread(client.get_topic_partitions, probe),
                 settings.connect_timeout_s + 2.0,
             )
+        except pulsar.AuthenticationError as err:
+            await asyncio.to_thread(client.close)
+            raise BusConnectionError(
+                f"Pulsar broker at {settings.service_url} refused our credentials "
+                f"({'token' if settings.token else 'no token given'}): {err}"
+            ) from err
         except (pulsar.PulsarException, TimeoutError) as err:
             await asyncio.to_thread(client.close)
             raise BusConnectionError(

@@ -14,6 +14,10 @@ Command line::
 from __future__ import annotations
 
 import argparse
+import base64
+import hashlib
+import hmac
+import json
 import os
 import shutil
 import signal
@@ -27,12 +31,24 @@ from pathlib import Path
 
 from embodied_bus.testing.ports import free_ports
 
-__all__ = ["PULSAR_VERSION", "PulsarStandalone", "ensure_pulsar_distribution"]
+__all__ = ["PULSAR_VERSION", "PulsarStandalone", "ensure_pulsar_distribution", "hs256_token"]
 
 #: Apache Pulsar version used by tests (4.0 LTS: Key_Shared with PIP-379).
 PULSAR_VERSION = os.environ.get("EMBODIED_BUS_PULSAR_VERSION", "4.0.8")
 #: JVM memory for the standalone broker.
 PULSAR_MEM = "-Xms256m -Xmx1g -XX:MaxDirectMemorySize=1g"
+
+
+def hs256_token(secret: bytes, subject: str) -> str:
+    """A Pulsar JWT (HS256, ``sub`` = role) signed with ``secret`` (as ``tokenSecretKey``)."""
+
+    def b64(data: bytes) -> str:
+        return base64.urlsafe_b64encode(data).rstrip(b"=").decode()
+
+    head = b64(json.dumps({"alg": "HS256"}, separators=(",", ":")).encode())
+    body = b64(json.dumps({"sub": subject}, separators=(",", ":")).encode())
+    sig = hmac.new(secret, f"{head}.{body}".encode(), hashlib.sha256).digest()
+    return f"{head}.{body}.{b64(sig)}"
 
 
 def cache_dir() -> Path:
@@ -81,6 +97,7 @@ class PulsarStandalone:
         data_dir: Where metadata and ledgers live; kept across :meth:`restart`.
         home: Pulsar home (default: :func:`ensure_pulsar_distribution`).
         extra_conf: ``standalone.conf`` keys to override.
+        admin_token: Token for the admin API (when the broker has authentication enabled).
     """
 
     def __init__(
@@ -89,7 +106,9 @@ class PulsarStandalone:
         *,
         home: Path | None = None,
         extra_conf: dict[str, str] | None = None,
+        admin_token: str | None = None,
     ) -> None:
+        self.admin_token = admin_token
         self.home = home or ensure_pulsar_distribution()
         self._own_dir = data_dir is None
         self.data_dir = Path(data_dir or tempfile.mkdtemp(prefix="eb-pulsar-"))
@@ -178,7 +197,10 @@ class PulsarStandalone:
                 raise RuntimeError(f"Pulsar standalone exited with {self.proc.returncode}:\n{self.tail()}")
             try:
                 for path in checks:
-                    with urllib.request.urlopen(self.web_url + path, timeout=2) as resp:
+                    req = urllib.request.Request(self.web_url + path)
+                    if self.admin_token:
+                        req.add_header("Authorization", f"Bearer {self.admin_token}")
+                    with urllib.request.urlopen(req, timeout=2) as resp:
                         resp.read()
                 return
             except OSError:
