@@ -15,6 +15,7 @@ import struct
 import tracemalloc
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -324,3 +325,77 @@ def test_limits_are_configurable_and_named_in_errors() -> None:
         decode_action(_envelope(), limits=DecodeLimits(max_action_bytes=10))
     with pytest.raises(Exception, match="positive integer"):
         DecodeLimits(max_points=0)
+
+
+OPS = [
+    "submit",
+    "lease",
+    "ack",
+    "nack",
+    "extend",
+    "checkpoint",
+    "get",
+    "cancel",
+    "dlq",
+    "requeue",
+    "purge",
+    "backlog",
+]
+
+
+@st.composite
+def hostile_request(draw: st.DrawFn) -> bytes:
+    if draw(st.booleans()):
+        return draw(st.binary(max_size=128))
+    req: dict[str, Any] = {"op": draw(st.sampled_from(OPS) | st.text(max_size=5))}
+    fields = [
+        "actions",
+        "executor",
+        "kinds",
+        "id",
+        "reason",
+        "permanent",
+        "lease_s",
+        "state",
+        "labels",
+        "result",
+    ]
+    for key in draw(st.lists(st.sampled_from(fields), max_size=5)):
+        req[key] = draw(JSON)
+    if draw(st.booleans()):
+        req["actions"] = [
+            json.loads(_envelope())
+            | draw(
+                st.dictionaries(st.sampled_from(["kind", "priority", "payload", "deadline_ns", "auth"]), JSON)
+            )
+        ]
+    return json.dumps(req).encode()
+
+
+def test_the_queue_service_answers_hostile_requests_and_keeps_serving(tmp_path: Path) -> None:
+    import asyncio
+
+    from embodied_bus import open_bus
+    from embodied_bus.actions import QueueService
+    from embodied_bus.testing.ports import free_port
+
+    async def main() -> None:
+        async with open_bus(f"zenoh:?listen=tcp/127.0.0.1:{free_port()}", namespace="fuzzq") as bus:
+            svc = QueueService(bus, tmp_path / "q.db")
+
+            @FUZZ
+            @given(hostile_request())
+            def run(data: bytes) -> None:
+                reply = json.loads(svc.handle(data))
+                assert reply["ok"] in (True, False)
+                if not reply["ok"]:
+                    assert isinstance(reply["error"], str) and reply["error"]
+
+            run()
+            assert svc.bad_requests > 0
+            good = json.loads(
+                svc.handle(json.dumps({"op": "submit", "actions": [json.loads(_envelope())]}).encode())
+            )
+            assert good["ok"] and good["actions"][0]["status"] == "queued"
+
+    asyncio.run(main())

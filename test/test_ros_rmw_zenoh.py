@@ -347,6 +347,25 @@ async def test_bus_streams_are_published_as_ros_topics_and_wrong_types_are_count
     assert all(string_from_cdr(p).startswith("ok ") for p, _ in node.received[status_key])
 
 
+async def test_a_garbage_frame_is_counted_and_the_bridge_keeps_serving(rig: Rig) -> None:
+    node = rig.node
+    status_key = key("/robot/status", "std_msgs/msg/String")
+    node.subscribe(status_key)
+    async with open_bus(rig.bus_url, namespace="rmw") as probe:
+        junk = await probe.publisher("frames/fused", encoding="ebframe")
+        good = await probe.publisher("status", encoding="cdr:std_msgs/msg/String")
+        await junk.wait_for_subscribers(10)
+        await junk.publish(b"EBF1\xff\xff\xff\xffgarbage", stamp_ns=1)
+        await wait_until(lambda: rig.bridge.counters.rejected["bad_frame"] == 1, 10, "bad frame counted")
+        await good.wait_for_subscribers(10)
+        for i in range(100):
+            await good.publish(string_cdr("still serving"), stamp_ns=i + 1)
+            if node.received.get(status_key):
+                break
+            await asyncio.sleep(0.05)
+    assert string_from_cdr(node.received[status_key][0][0]) == "still serving"
+
+
 async def test_types_without_a_header_are_stamped_with_the_source_timestamp(rig: Rig) -> None:
     node = rig.node
     await _wait_matched(node, "/chatter", "std_msgs/msg/String")

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import sqlite3
 import threading
 import time
 from pathlib import Path
@@ -30,6 +31,8 @@ SERVICE = "actions"
 EXECUTOR_GROUP = "actions-executors"
 #: How often expired leases are swept, seconds.
 SWEEP_S = 0.2
+#: Largest request accepted, bytes (a batch of submits included).
+MAX_REQUEST_BYTES = 16 * 1024 * 1024
 
 
 def _ok(**kw: Any) -> bytes:
@@ -56,6 +59,8 @@ class QueueService:
         self._live: set[str] = set()
         self._handle: Any = None
         self._closed = False
+        #: Requests answered with an error (malformed, invalid or oversized).
+        self.bad_requests = 0
 
     def _executor_change(self, member: str, _value: str, joined: bool) -> None:
         with self._lock:
@@ -80,12 +85,28 @@ class QueueService:
         self.bus.engine.notify(f"actions/result/{a.id}", encode_action(a))
 
     def handle(self, raw: bytes) -> bytes:
-        """One request (called on engine threads)."""
+        """One request (called on engine threads). A bad request is answered with the reason
+        and counted in :attr:`bad_requests`; the service keeps serving."""
+        reply = self._answer(raw)
+        if reply.startswith(b'{"ok": false'):
+            self.bad_requests += 1
+        return reply
+
+    def _answer(self, raw: bytes) -> bytes:
+        if len(raw) > MAX_REQUEST_BYTES:
+            return _err(f"request of {len(raw)} bytes exceeds {MAX_REQUEST_BYTES} bytes")
         try:
             req = json.loads(raw)
             op = req.get("op")
-        except (ValueError, AttributeError):
+        except (ValueError, AttributeError, RecursionError):
             return _err("request is not a JSON object")
+        for key in ("id", "executor", "reason"):
+            if key in req and not isinstance(req[key], str):
+                return _err(f"bad {op!r} request: field {key!r} must be a string")
+        if "kinds" in req and not (
+            isinstance(req["kinds"], list) and all(isinstance(k, str) for k in req["kinds"])
+        ):
+            return _err(f"bad {op!r} request: field 'kinds' must be a list of strings")
         try:
             with self._lock:
                 if self._closed:
@@ -93,7 +114,14 @@ class QueueService:
                 return self._dispatch(op, req)
         except ActionError as err:
             return _err(str(err))
-        except (KeyError, TypeError) as err:
+        except (
+            KeyError,
+            TypeError,
+            ValueError,
+            OverflowError,
+            sqlite3.InterfaceError,
+            sqlite3.ProgrammingError,
+        ) as err:
             return _err(f"bad {op!r} request: missing or wrong field {err}")
 
     def _dispatch(self, op: str, req: dict[str, Any]) -> bytes:
