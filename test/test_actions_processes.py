@@ -162,3 +162,39 @@ def test_send_and_dlq_commands_show_results_and_dead_letters(tmp_path: Path) -> 
         for p in (ex, queue):
             p.send_signal(signal.SIGINT)
             p.wait(20)
+
+
+def queue_process(url: str, ns: str, db: Path) -> subprocess.Popen[str]:
+    proc = subprocess.Popen(
+        [*CLI, "queue", "--bus", url, "--ns", ns, "--db", str(db)],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    wait_line(proc, "action queue serving")
+    return proc
+
+
+async def test_a_queue_service_killed_between_submit_and_execution_loses_nothing(tmp_path: Path) -> None:
+    url_a, url_b = zenoh_urls()
+    ns = f"qkill{os.getpid()}"
+    db = tmp_path / "q.db"
+    svc = queue_process(url_a, ns, db)
+    svc2 = None
+    ex = None
+    try:
+        async with open_bus(url_b, namespace=ns) as plan_bus:
+            planner = Planner(plan_bus)
+            handles = [await planner.submit("navigate_to", {"n": i}, priority=i % 3) for i in range(5)]
+            svc.send_signal(signal.SIGKILL)  # every submit above was acknowledged, so it is on disk
+            svc.wait(10)
+            svc2 = queue_process(url_a, ns, db)
+            ex = executor(url_b, ns, "after-crash")
+            results = [await h.result(timeout_s=60) for h in handles]
+    finally:
+        for p in (ex, svc2, svc):
+            if p is not None and p.poll() is None:
+                p.send_signal(signal.SIGINT)
+                p.wait(20)
+    assert [r.status for r in results] == [ActionStatus.SUCCEEDED] * 5
+    assert all(r.attempts[-1].executor == "after-crash" for r in results)

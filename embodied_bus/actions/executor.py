@@ -73,6 +73,8 @@ class Executor:
         verifier: Verifier | None = None,
     ) -> None:
         self.verifier = verifier
+        #: Outcomes the queue did not accept (lease lost or service unreachable).
+        self.unreported = 0
         self.bus = bus
         self.name = name or f"ex-{uuid.uuid4().hex[:8]}"
         self.concurrency = concurrency
@@ -100,6 +102,17 @@ class Executor:
             raise RuntimeError(str(reply.get("error")))
         return reply
 
+    async def _report(self, req: dict[str, Any]) -> bool:
+        """Send an outcome (ack / nack); if the queue refuses it (the lease was lost, the service
+        is unreachable) log it and go on: the queue redelivers the action, at least once."""
+        try:
+            await self._call(req)
+        except (ConnectionError, RuntimeError) as err:
+            self.unreported += 1
+            _log.warning("%s of action %s not recorded: %s", req["op"], req["id"], err)
+            return False
+        return True
+
     async def _run_one(self, action: Action) -> None:
         if self.verifier is not None:
             try:
@@ -107,7 +120,7 @@ class Executor:
             except ActionRejected as err:
                 _log.warning("rejected action %s (%s): %s", action.id, action.kind, err)
                 self.failed += 1
-                await self._call(
+                await self._report(
                     {
                         "op": "nack",
                         "id": action.id,
@@ -137,7 +150,7 @@ class Executor:
             result = await self.handlers[action.kind](action, ctx)
         except PermanentFailure as err:
             self.failed += 1
-            await self._call(
+            await self._report(
                 {
                     "op": "nack",
                     "id": action.id,
@@ -148,7 +161,7 @@ class Executor:
             )
         except Exception as err:
             self.failed += 1
-            await self._call(
+            await self._report(
                 {
                     "op": "nack",
                     "id": action.id,
@@ -158,8 +171,9 @@ class Executor:
             )
         else:
             self.completed += 1
-            await self._call({"op": "ack", "id": action.id, "executor": self.name, "result": result})
-            if self.verifier is not None:
+            ack = {"op": "ack", "id": action.id, "executor": self.name, "result": result}
+            acked = await self._report(ack)
+            if acked and self.verifier is not None:
                 self.verifier.completed(action)
         finally:
             extender.cancel()

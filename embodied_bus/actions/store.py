@@ -74,8 +74,15 @@ class ActionStore:
 
     # ------------------------------------------------------------------ helpers
     @contextmanager
-    def _tx(self) -> Iterator[sqlite3.Connection]:
-        """One write transaction: committed (and fsynced) on success, rolled back on error."""
+    def _tx(self, *, durable: bool = True) -> Iterator[sqlite3.Connection]:
+        """One write transaction: committed on success, rolled back on error.
+
+        ``durable`` transactions (submit, ack, nack, checkpoint, cancel, requeue) are fsynced at
+        commit. Lease bookkeeping (lease, extend, sweeps) is not: in WAL mode it survives a
+        process crash (``kill -9``) as it is, and reaches the disk with the next durable commit;
+        after a power loss it can at worst be redone (an action runs again: at least once).
+        """
+        self._db.execute(f"PRAGMA synchronous={'FULL' if durable else 'NORMAL'}")
         self._db.execute("BEGIN IMMEDIATE")
         try:
             yield self._db
@@ -186,7 +193,7 @@ class ActionStore:
         labels = dict(labels or {})
         live = set(live_executors) | {executor}
         marks = ",".join("?" * len(kinds))
-        with self._tx() as db:
+        with self._tx(durable=False) as db:
             rows = db.execute(
                 f"SELECT id, body FROM actions WHERE status IN (?, ?) AND kind IN ({marks}) "
                 "AND available_ns <= ? ORDER BY priority DESC, seq LIMIT 256",
@@ -219,7 +226,7 @@ class ActionStore:
             ActionError: The executor does not hold the lease (it expired and moved on).
         """
         now = now_ns if now_ns is not None else _now()
-        with self._tx() as db:
+        with self._tx(durable=False) as db:
             row = db.execute(
                 "SELECT lease_owner, body FROM actions WHERE id=? AND status=?",
                 (action_id, ActionStatus.RUNNING.value),
@@ -304,7 +311,7 @@ class ActionStore:
         """Take back the actions whose lease expired, or all leases of a dead ``executor``;
         each counts as a ``lost`` attempt (retried elsewhere, or dead-lettered when exhausted)."""
         now = now_ns if now_ns is not None else _now()
-        with self._tx() as db:
+        with self._tx(durable=False) as db:
             if executor is None:
                 rows = db.execute(
                     "SELECT id FROM actions WHERE status=? AND lease_until_ns < ?",
@@ -330,7 +337,7 @@ class ActionStore:
     def expire_deadlines(self, now_ns: int | None = None) -> list[Action]:
         """Dead-letter every waiting action whose deadline passed (it is never started)."""
         now = now_ns if now_ns is not None else _now()
-        with self._tx() as db:
+        with self._tx(durable=False) as db:
             rows = db.execute(
                 "SELECT body FROM actions WHERE status IN (?, ?) AND deadline_ns > 0 AND deadline_ns < ?",
                 (*_READY, now),

@@ -1,0 +1,199 @@
+#!/usr/bin/env python3
+"""Action-queue benchmark over embedded Zenoh: end-to-end actions/s (submit → result) with
+4 executors and a no-op handler, submit→start latency p50/p99, and the redelivery delay after a
+nack and after an executor crash (its session closes without a goodbye). With ``--pulsar URL``
+it also measures raw pulsar-client Shared-subscription throughput (4 consumers) in the same run;
+the Pulsar action backend does not exist yet, so no ratio is printed for it. Prints one JSON
+document.
+
+Usage: python bench/actions.py [--quick] [--pulsar pulsar://127.0.0.1:6650]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import sys
+import tempfile
+import time
+import uuid
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from embodied_bus import open_bus  # noqa: E402
+from embodied_bus.actions import Action, Executor, Planner, QueueService, RetryPolicy  # noqa: E402
+from embodied_bus.testing.ports import free_port  # noqa: E402
+
+
+def pct(values: list[float], q: float) -> float | None:
+    return round(float(np.percentile(values, q)), 3) if values else None
+
+
+async def zenoh_bench(n_actions: int) -> dict[str, Any]:
+    port = free_port()
+    url_a, url_b = f"zenoh:?listen=tcp/127.0.0.1:{port}", f"zenoh://127.0.0.1:{port}"
+    ns = "bench" + uuid.uuid4().hex[:6]
+    stop = asyncio.Event()
+    started: dict[str, int] = {}
+    tmp = Path(tempfile.mkdtemp(prefix="eb-bench-actions-"))
+    policy = RetryPolicy(max_attempts=5, initial_backoff_s=0.0, max_backoff_s=0.0, jitter=0.0)
+    async with open_bus(url_a, namespace=ns) as svc_bus, open_bus(url_b, namespace=ns) as bus:
+        ready = asyncio.Event()
+        service = QueueService(svc_bus, tmp / "q.db", policy)
+        tasks = [asyncio.create_task(service.run(stop, ready))]
+        await ready.wait()
+
+        async def noop(action: Action, ctx: Any) -> None:
+            started.setdefault(action.id, time.time_ns())
+
+        nack_seen: dict[str, list[int]] = {}
+
+        async def flaky(action: Action, ctx: Any) -> str:
+            nack_seen.setdefault(action.id, []).append(time.time_ns())
+            if ctx.attempt == 1:
+                raise RuntimeError("first try fails")
+            return "ok"
+
+        restarted: dict[str, int] = {}
+
+        async def finish(action: Action, ctx: Any) -> None:
+            restarted.setdefault(action.id, time.time_ns())
+
+        executors = []
+        for i in range(4):
+            ex = Executor(bus, f"bench-{i}", concurrency=8)
+            ex.handler("noop")(noop)
+            ex.handler("flaky")(flaky)
+            executors.append(ex)
+            tasks.append(asyncio.create_task(ex.run(stop)))
+        while len(service._live) < 4:
+            await asyncio.sleep(0.05)
+        planner = Planner(bus)
+
+        # submit -> start latency, one at a time (no queueing)
+        latencies = []
+        for _ in range(min(200, n_actions)):
+            t0 = time.time_ns()
+            h = await planner.submit("noop")
+            await h.result(timeout_s=30)
+            latencies.append((started[h.id] - t0) / 1e6)
+
+        # end-to-end throughput: batches submitted, all results awaited
+        t0 = time.perf_counter()
+        handles = []
+        for i in range(0, n_actions, 100):
+            handles += await planner.submit_many([Action("noop") for _ in range(min(100, n_actions - i))])
+        await asyncio.gather(*(h.result(timeout_s=120) for h in handles))
+        rate = n_actions / (time.perf_counter() - t0)
+
+        # redelivery delay after a nack
+        nack_delays = []
+        for _ in range(20):
+            h = await planner.submit("flaky")
+            await h.result(timeout_s=30)
+            t = nack_seen[h.id]
+            nack_delays.append((t[1] - t[0]) / 1e6)
+
+        # redelivery delay after a crash: an executor whose session vanishes mid-action
+        crash_delays = []
+        for _ in range(5 if n_actions <= 2000 else 10):
+            async with open_bus(url_b, namespace=ns) as doomed_bus:
+                doomed = Executor(doomed_bus, f"doomed-{uuid.uuid4().hex[:4]}")
+                holding = asyncio.Event()
+
+                async def hang(action: Action, ctx: Any, holding: asyncio.Event = holding) -> None:
+                    holding.set()
+                    await asyncio.sleep(3600)
+
+                doomed.handler("crashy")(hang)
+                dstop = asyncio.Event()
+                dtask = asyncio.create_task(doomed.run(dstop))
+                while doomed.name not in service._live:
+                    await asyncio.sleep(0.01)
+                h = await planner.submit("crashy")
+                await holding.wait()
+                rescuer = Executor(bus, f"rescuer-{uuid.uuid4().hex[:4]}")
+                rescuer.handler("crashy")(finish)
+                rstop = asyncio.Event()
+                rtask = asyncio.create_task(rescuer.run(rstop))
+                while rescuer.name not in service._live:
+                    await asyncio.sleep(0.01)
+                dtask.cancel()
+            crashed_ns = time.time_ns()  # the session is closed: its liveliness token is gone
+            done = await h.result(timeout_s=30)
+            assert done.status.value == "succeeded", done
+            crash_delays.append((restarted[h.id] - crashed_ns) / 1e6)
+            rstop.set()
+            await rtask
+
+        stop.set()
+        await asyncio.gather(*tasks, return_exceptions=True)
+    return {
+        "actions": n_actions,
+        "executors": 4,
+        "actions_per_s": round(rate, 1),
+        "submit_to_start_ms": {"p50": pct(latencies, 50), "p99": pct(latencies, 99)},
+        "redelivery_after_nack_ms": {"p50": pct(nack_delays, 50), "p99": pct(nack_delays, 99)},
+        "redelivery_after_crash_ms": {"p50": pct(crash_delays, 50), "max": pct(crash_delays, 100)},
+        "targets": {"actions_per_s": 2000, "submit_to_start_p50_ms": 2.0, "redelivery_after_crash_ms": 1000},
+    }
+
+
+def raw_pulsar_shared(url: str, n: int) -> dict[str, Any]:
+    import threading
+
+    import pulsar
+
+    client = pulsar.Client(url, logger=pulsar.ConsoleLogger(pulsar.LoggerLevel.Error))
+    topic = f"persistent://public/default/eb-bench-actions-{uuid.uuid4().hex[:8]}"
+    consumers = [
+        client.subscribe(topic, "workers", consumer_type=pulsar.ConsumerType.Shared, receiver_queue_size=1)
+        for _ in range(4)
+    ]
+    producer = client.create_producer(topic, batching_enabled=False)
+    done = threading.Semaphore(0)
+
+    def work(c: Any) -> None:
+        while True:
+            try:
+                msg = c.receive(timeout_millis=3000)
+            except pulsar.Timeout:
+                return
+            c.acknowledge(msg)
+            done.release()
+
+    threads = [threading.Thread(target=work, args=(c,), daemon=True) for c in consumers]
+    t0 = time.perf_counter()
+    for t in threads:
+        t.start()
+    for _ in range(n):
+        producer.send_async(b"{}", None)
+    producer.flush()
+    for _ in range(n):
+        done.acquire(timeout=60)
+    rate = n / (time.perf_counter() - t0)
+    client.close()
+    return {"messages": n, "consumers": 4, "receiver_queue_size": 1, "msgs_per_s": round(rate, 1)}
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__)
+    p.add_argument("--quick", action="store_true")
+    p.add_argument("--pulsar", default=None, help="broker URL for the raw Shared-subscription baseline")
+    args = p.parse_args()
+    n = 1000 if args.quick else 5000
+    out: dict[str, Any] = {"zenoh": asyncio.run(zenoh_bench(n))}
+    if args.pulsar:
+        out["raw_pulsar_shared"] = raw_pulsar_shared(args.pulsar, n)
+        out["pulsar_ratio"] = None  # no Pulsar action backend yet
+    print(json.dumps(out, indent=2))
+
+
+if __name__ == "__main__":
+    main()
