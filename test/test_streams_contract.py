@@ -186,6 +186,22 @@ async def test_malformed_messages_are_counted_and_good_ones_still_delivered(bus_
     assert sub.last_error is not None
 
 
+async def test_a_subscription_rejects_payloads_over_its_own_limit_and_keeps_serving(
+    bus_pair: BusPair,
+) -> None:
+    sub = await bus_pair.subscriber_bus.subscribe(
+        "scan", options=SubscriptionOptions(capacity=10, max_payload_bytes=1024)
+    )
+    pub = await bus_pair.publisher_bus.publisher("scan", options=BLOCK)
+    await _ready(pub, bus_pair)
+    await pub.publish(b"x" * 4096, stamp_ns=1)
+    await pub.publish(b"small", stamp_ns=2)
+    await pub.flush()
+    assert (await sub.recv(timeout_s=20)).payload == b"small"
+    await wait_until(lambda: sub.malformed == 1, 10, "oversized sample counted")
+    assert "max_payload_bytes 1024" in str(sub.last_error)
+
+
 async def test_payload_over_the_limit_raises_a_clear_error(bus_pair: BusPair) -> None:
     if bus_pair.engine == "pulsar":
         opts = PublisherOptions(chunking=False)

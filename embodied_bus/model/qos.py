@@ -91,6 +91,8 @@ class SubscriptionOptions:
         key_shared_ranges: Pulsar only: share the stream(s) among the consumers of
             ``subscription_name`` with Key_Shared in STICKY mode, this consumer taking the
             given inclusive hash ranges of [0, 65535]; the same ranges apply on every topic.
+        max_payload_bytes: Larger samples are rejected and counted as malformed (a hostile or
+            broken publisher cannot fill the buffer with huge payloads).
     """
 
     capacity: int = DEFAULT_CAPACITY
@@ -99,9 +101,12 @@ class SubscriptionOptions:
     deliver_duplicates: bool = False
     auto_ack: bool = True
     key_shared_ranges: tuple[tuple[int, int], ...] | None = None
+    max_payload_bytes: int = DEFAULT_MAX_PAYLOAD_BYTES
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "backpressure", Backpressure.parse(self.backpressure))
+        if self.max_payload_bytes <= 0:
+            raise BusConfigError(f"max_payload_bytes must be positive, got {self.max_payload_bytes}")
         if self.capacity < 1:
             raise BusConfigError(f"subscription capacity must be >= 1, got {self.capacity}")
         if self.key_shared_ranges is not None:

@@ -8,7 +8,7 @@ import time
 from collections.abc import AsyncIterator, Callable
 
 from embodied_bus.engines.base import AckFn, EngineSubscriber
-from embodied_bus.errors import BusClosedError
+from embodied_bus.errors import BusClosedError, PayloadTooLargeError
 from embodied_bus.model.qos import SubscriptionOptions
 from embodied_bus.model.sample import Sample
 from embodied_bus.model.wire import Header
@@ -55,6 +55,15 @@ class Subscription:
     # -- MessageSink (engine threads) ------------------------------------------------------
     def deliver(self, header: Header, payload: bytes, ack: AckFn | None) -> None:
         """Called by the engine for each well-formed message."""
+        if len(payload) > self.options.max_payload_bytes:
+            self.reject(
+                PayloadTooLargeError(
+                    f"{header.stream}: payload of {len(payload)} bytes exceeds the subscription's "
+                    f"max_payload_bytes {self.options.max_payload_bytes}"
+                ),
+                ack,
+            )
+            return
         now = self._clock()
         st = self.stats.get(header.stream)
         if st is None:
