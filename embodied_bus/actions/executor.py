@@ -203,17 +203,20 @@ class Executor:
                         "kinds": kinds,
                         "labels": self.labels,
                         "lease_s": LEASE_S,
+                        "max": self.concurrency - len(running),
                     }
                 )
-                if reply["action"] is None:
+                leased = reply.get("actions") or ([reply["action"]] if reply.get("action") else [])
+                if not leased:
                     waiters = {asyncio.create_task(self._wake.wait()), asyncio.create_task(stop.wait())}
                     await asyncio.wait(waiters, timeout=0.5, return_when=asyncio.FIRST_COMPLETED)
                     for w in waiters:
                         w.cancel()
                     continue
-                task = asyncio.create_task(self._run_one(decode_action(json.dumps(reply["action"]))))
-                running.add(task)
-                task.add_done_callback(running.discard)
+                for env in leased:
+                    task = asyncio.create_task(self._run_one(decode_action(json.dumps(env))))
+                    running.add(task)
+                    task.add_done_callback(running.discard)
             if running:
                 await asyncio.wait(running)
         finally:

@@ -137,14 +137,22 @@ class QueueService:
         if op == "lease":
             for expired in s.expire_deadlines():
                 self._publish_result(expired)
-            leased = s.lease(
-                req["executor"],
-                req["kinds"],
-                labels=req.get("labels"),
-                lease_s=req.get("lease_s", 10.0),
-                live_executors=self._live,
-            )
-            return _ok(action=json.loads(encode_action(leased)) if leased else None)
+            want = req.get("max", 1)
+            if isinstance(want, bool) or not isinstance(want, int) or not 1 <= want <= 256:
+                return _err("bad 'lease' request: 'max' must be an integer 1..256")
+            batch = []
+            for _ in range(want):
+                leased = s.lease(
+                    req["executor"],
+                    req["kinds"],
+                    labels=req.get("labels"),
+                    lease_s=req.get("lease_s", 10.0),
+                    live_executors=self._live,
+                )
+                if leased is None:
+                    break
+                batch.append(json.loads(encode_action(leased)))
+            return _ok(action=batch[0] if batch else None, actions=batch)
         if op == "extend":
             a = s.extend(req["id"], req["executor"], req.get("lease_s", 10.0))
             return _ok(cancel_requested=a.cancel_requested)

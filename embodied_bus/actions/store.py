@@ -77,10 +77,11 @@ class ActionStore:
     def _tx(self, *, durable: bool = True) -> Iterator[sqlite3.Connection]:
         """One write transaction: committed on success, rolled back on error.
 
-        ``durable`` transactions (submit, ack, nack, checkpoint, cancel, requeue) are fsynced at
-        commit. Lease bookkeeping (lease, extend, sweeps) is not: in WAL mode it survives a
-        process crash (``kill -9``) as it is, and reaches the disk with the next durable commit;
-        after a power loss it can at worst be redone (an action runs again: at least once).
+        ``durable`` transactions (submit, cancel, requeue: what a planner was told is done) are
+        fsynced at commit. Execution bookkeeping (lease, extend, checkpoint, ack, nack, sweeps)
+        is not: in WAL mode it survives a process crash (``kill -9``) as it is and reaches the
+        disk with the next durable commit; after a power loss the last of it can be lost, so an
+        action can run again (at least once; idempotency keys make effects happen once).
         """
         self._db.execute(f"PRAGMA synchronous={'FULL' if durable else 'NORMAL'}")
         self._db.execute("BEGIN IMMEDIATE")
@@ -240,7 +241,7 @@ class ActionStore:
 
     def checkpoint(self, action_id: str, executor: str, state: Any) -> None:
         """Save resumable progress of a running action (the next attempt receives it)."""
-        with self._tx() as db:
+        with self._tx(durable=False) as db:
             a = self._held(action_id, executor)
             a.checkpoint = state
             db.execute("UPDATE actions SET body=? WHERE id=?", (encode_action(a).decode(), a.id))
@@ -269,7 +270,7 @@ class ActionStore:
     def ack(self, action_id: str, executor: str, result: Any = None, now_ns: int | None = None) -> Action:
         """The handler returned: the action succeeded with ``result``."""
         now = now_ns if now_ns is not None else _now()
-        with self._tx():
+        with self._tx(durable=False):
             a = self._held(action_id, executor)
             self._end_attempt(a, "ok", "", now)
             a.status = (
@@ -290,7 +291,7 @@ class ActionStore:
     ) -> Action:
         """The handler failed: retry after a backoff, or dead-letter (permanent or exhausted)."""
         now = now_ns if now_ns is not None else _now()
-        with self._tx():
+        with self._tx(durable=False):
             a = self._held(action_id, executor)
             self._fail(a, "rejected" if permanent else "nack", reason, now, permanent)
             return a

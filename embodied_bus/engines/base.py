@@ -72,6 +72,11 @@ class EnginePublisher(abc.ABC):
         """
         return True
 
+    def send_from_thread(self, header: Header, payload: bytes | bytearray) -> bool:
+        """Like :meth:`send`, called from a worker thread (never the event loop): under BLOCK
+        it may wait in the calling thread instead of handing the sample to a sender thread."""
+        return self.send(header, payload)
+
     @abc.abstractmethod
     async def flush(self) -> None:
         """Wait until every sample sent so far is accepted by the engine (Pulsar: persisted)."""

@@ -215,6 +215,22 @@ class _ZenohPublisher(EnginePublisher):
         buf[0 : len(payload)] = payload
         return buf
 
+    def send_from_thread(self, header: Header, payload: bytes | bytearray) -> bool:
+        sender = self._sender
+        if sender is None or sender.backlog() or self._shm_threshold is not None:
+            return self.send(header, payload)
+        if self._closed:
+            raise BusClosedError(f"publisher for {header.stream!r} is closed")
+        key = (header.stream, header.encoding, header.frame_id)
+        if key != self._tail_key:
+            self._tail = encode_strings(*key)
+            self._tail_key = key
+        try:
+            self._put(payload, attachment=encode_header(header, self._tail))
+        except zenoh.ZError as err:
+            raise PublishError(f"zenoh put on {header.stream!r} failed: {err}") from err
+        return True
+
     def send(self, header: Header, payload: bytes | bytearray) -> bool:
         if self._closed:
             raise BusClosedError(f"publisher for {header.stream!r} is closed")

@@ -71,6 +71,7 @@ class Publisher:
         encoding: str | None = None,
         frame_id: str | None = None,
         stamp_fallback: bool = False,
+        _from_thread: bool = False,
     ) -> Header:
         """Publish one sample without awaiting (the asyncio methods wrap this).
 
@@ -136,13 +137,36 @@ class Publisher:
             now_ns,
             flags,
         )
-        accepted = self._pub.send(header, data)
+        accepted = (self._pub.send_from_thread if _from_thread else self._pub.send)(header, data)
         self._seq = seq
         if accepted:
             self.sent += 1
         else:
             self.dropped += 1
         return header
+
+    def publish_from_thread(
+        self,
+        payload: Payload,
+        *,
+        stamp_ns: int,
+        encoding: str | None = None,
+        frame_id: str | None = None,
+        stamp_fallback: bool = False,
+    ) -> Header:
+        """Publish from a worker thread (never the event loop thread), e.g. a fast replay loop.
+
+        Under ``BLOCK`` it waits in the calling thread until the engine accepts the sample,
+        skipping the hand-off to a sender thread. One thread per publisher.
+        """
+        return self.publish_nowait(
+            payload,
+            stamp_ns=stamp_ns,
+            encoding=encoding,
+            frame_id=frame_id,
+            stamp_fallback=stamp_fallback,
+            _from_thread=True,
+        )
 
     async def publish(
         self,
