@@ -21,6 +21,7 @@ from embodied_bus.model.clock import BucketClock
 from embodied_bus.model.qos import Backpressure, PublisherOptions
 from embodied_bus.replay.reader import (
     RecordedMessage,
+    RecordingInfo,
     SkippedTopic,
     modality_of,
     read_recording,
@@ -85,6 +86,7 @@ class ReplaySummary:
     skipped: dict[str, str] = field(default_factory=dict)
     stamp_fallbacks: int = 0
     planned_s: float = 0.0
+    topics: dict[str, str] = field(default_factory=dict)
     timing_errors_ms: list[float] = field(default_factory=list)
     wall_s: float = 0.0
     recording_s: float = 0.0
@@ -127,14 +129,11 @@ async def replay(
     opts = options or ReplayOptions()
     summary = ReplaySummary()
     pubs: dict[str, Publisher] = {}
-    info = recording_info(paths)
-    span = info.end_ns - info.start_ns - int(opts.start_s * 1e9)
-    if opts.duration_s is not None:
-        span = min(span, int(opts.duration_s * 1e9))
-    summary.planned_s = max(0.0, span / 1e9)
-    for topic, msgtype in info.topics.items():  # declare up front: no setup cost on the clock
-        if opts.topics is None or topic in opts.topics:
-            pubs[topic] = await _publisher(bus, opts, topic, msgtype, "")
+    if not opts.fast:  # fast: the reader reports the extent when it opens (one open, not two)
+        _plan(summary, opts, recording_info(paths))
+        for topic, msgtype in summary.topics.items():  # declare up front: no setup cost on the clock
+            if opts.topics is None or topic in opts.topics:
+                pubs[topic] = await _publisher(bus, opts, topic, msgtype, "")
     t_wall0 = time.monotonic()
     # Timed replay shares the GIL with the read-ahead thread: hand it over every 0.5 ms instead
     # of every 5 ms so a message falls due while the reader parses (restored afterwards).
@@ -216,6 +215,14 @@ async def _publisher(bus: Bus, opts: ReplayOptions, topic: str, msgtype: str, fr
     )
 
 
+def _plan(summary: ReplaySummary, opts: ReplayOptions, info: RecordingInfo) -> None:
+    span = info.end_ns - info.start_ns - int(opts.start_s * 1e9)
+    if opts.duration_s is not None:
+        span = min(span, int(opts.duration_s * 1e9))
+    summary.planned_s = max(0.0, span / 1e9)
+    summary.topics = dict(info.topics)
+
+
 def _fast_pass(
     bus: Bus,
     loop: asyncio.AbstractEventLoop,
@@ -230,7 +237,9 @@ def _fast_pass(
     accepts (no clock, no hand-offs between threads per message)."""
     first_log: int | None = None
     span_ns = int(opts.duration_s * 1e9) if opts.duration_s is not None else None
-    for item in read_recording(paths, topics=opts.topics, decode=False):
+    for item in read_recording(
+        paths, topics=opts.topics, decode=False, on_open=lambda info: _plan(summary, opts, info)
+    ):
         if stop is not None and stop.is_set():
             return
         if isinstance(item, SkippedTopic):

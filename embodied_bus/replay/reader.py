@@ -8,7 +8,7 @@ reported once as :class:`SkippedTopic` and never raises.
 from __future__ import annotations
 
 import struct
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -126,6 +126,7 @@ def read_recording(
     *,
     topics: Sequence[str] | None = None,
     decode: bool = True,
+    on_open: Callable[[RecordingInfo], None] | None = None,
 ) -> Iterator[RecordedMessage | SkippedTopic]:
     """Yield the messages of one or more recordings in log-time order.
 
@@ -135,6 +136,8 @@ def read_recording(
         decode: Deserialize every message (validates it and fills ``message``). With False,
             rosbag2 messages are passed through as CDR and only the first message of each topic
             is fully decoded; the header stamp and frame_id are read from the CDR directly.
+        on_open: Called once with the recordings' :class:`RecordingInfo` as soon as they are
+            open (saves opening them a second time for :func:`recording_info`).
 
     Raises:
         RecordingError: A path is missing or is not a recording rosbags can open.
@@ -151,6 +154,8 @@ def read_recording(
     except (AnyReaderError, OSError, ValueError, KeyError) as err:
         raise RecordingError(f"cannot open recording {', '.join(map(str, plist))}: {err}") from err
     try:
+        if on_open is not None:
+            on_open(_info_of(reader))
         conns = [c for c in reader.connections if topics is None or c.topic in topics]
         ros1 = reader.is2 is False
         store = reader.typestore  # the default store plus the definitions in the recording
@@ -172,6 +177,7 @@ def read_recording(
                 continue
             usable.append(c)
         failed: set[str] = set()
+        rebuild: set[int] = set()
         checked: set[int] = set()
         header_first: dict[int, bool | None] = {}
         for conn, log_ns, raw in reader.messages(connections=usable):
@@ -184,11 +190,16 @@ def read_recording(
                     # when it knows the type, so ROS 2 readers decode it.
                     msg = reader.deserialize(raw, conn.msgtype)
                     if norm in ros2.fielddefs:
-                        try:
-                            cdr = bytes(ros2.serialize_cdr(msg, norm))
-                        except AttributeError:  # ROS 1 field names differ (CameraInfo D, K, R, P)
+                        if conn.id in rebuild:
                             msg = _to_ros2(msg, norm, ros2)
                             cdr = bytes(ros2.serialize_cdr(msg, norm))
+                        else:
+                            try:
+                                cdr = bytes(ros2.serialize_cdr(msg, norm))
+                            except AttributeError:  # ROS 1 field names differ (CameraInfo D, K, R, P)
+                                rebuild.add(conn.id)  # once per topic, not once per message
+                                msg = _to_ros2(msg, norm, ros2)
+                                cdr = bytes(ros2.serialize_cdr(msg, norm))
                     else:
                         cdr = bytes(store.serialize_cdr(msg, names[conn.id]))
                 elif not decode and conn.id in checked and header_first.get(conn.id) is not None:
@@ -254,6 +265,19 @@ class RecordingInfo:
         return (self.end_ns - self.start_ns) / 1e9
 
 
+def _info_of(r: Any) -> RecordingInfo:
+    counts: dict[str, int] = {}
+    for c in r.connections:
+        counts[c.topic] = counts.get(c.topic, 0) + int(c.msgcount)
+    return RecordingInfo(
+        int(r.start_time),
+        int(r.end_time),
+        int(r.message_count),
+        {c.topic: normalize_msgtype(c.msgtype) for c in r.connections},
+        counts,
+    )
+
+
 def recording_info(paths: Sequence[str | Path] | str | Path) -> RecordingInfo:
     """Start, end, message count and topic types of recordings, from their indexes.
 
@@ -268,15 +292,6 @@ def recording_info(paths: Sequence[str | Path] | str | Path) -> RecordingInfo:
             raise RecordingError(f"recording {str(p)!r} does not exist")
     try:
         with AnyReader(plist, default_typestore=typestore()) as r:
-            counts: dict[str, int] = {}
-            for c in r.connections:
-                counts[c.topic] = counts.get(c.topic, 0) + int(c.msgcount)
-            return RecordingInfo(
-                int(r.start_time),
-                int(r.end_time),
-                int(r.message_count),
-                {c.topic: normalize_msgtype(c.msgtype) for c in r.connections},
-                counts,
-            )
+            return _info_of(r)
     except (AnyReaderError, OSError, ValueError, KeyError) as err:
         raise RecordingError(f"cannot open recording {', '.join(map(str, plist))}: {err}") from err
