@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+from collections import OrderedDict
 from collections.abc import AsyncIterator, Sequence
 from typing import Any
 
@@ -17,6 +18,8 @@ __all__ = ["ActionHandle", "Planner"]
 
 #: How long a request waits for the queue service, seconds.
 REQUEST_TIMEOUT_S = 5.0
+#: Results a planner keeps for actions nobody awaited yet.
+RESULT_CACHE = 10_000
 
 
 class Planner:
@@ -34,8 +37,37 @@ class Planner:
         self.bus = bus
         self.timeout_s = timeout_s
         self.signer = signer
+        # One subscription for every result (not one per action), declared before the first
+        # submit so results that arrive before anyone awaits them are kept (bounded).
+        self._results: OrderedDict[str, Action] = OrderedDict()
+        self._waiters: dict[str, list[asyncio.Future[Action]]] = {}
+        self._results_sub: Any = None
+
+    def _ensure_results_sub(self) -> None:
+        if self._results_sub is not None:
+            return
+        loop = asyncio.get_running_loop()
+
+        def on_result(topic: str, payload: bytes) -> None:  # engine thread
+            loop.call_soon_threadsafe(self._settle, topic.rsplit("/", 1)[-1], payload)
+
+        self._results_sub = self.bus.engine.listen("actions/result/*", on_result)
+
+    def _settle(self, action_id: str, payload: bytes) -> None:
+        try:
+            action = decode_action(payload)
+        except ActionError:
+            return
+        self._results[action_id] = action
+        while len(self._results) > RESULT_CACHE:
+            self._results.popitem(last=False)
+        for fut in self._waiters.pop(action_id, []):
+            if not fut.done():
+                fut.set_result(action)
 
     async def _call(self, req: dict[str, Any]) -> dict[str, Any]:
+        if req.get("op") == "requeue":  # it will run again: forget the old outcome
+            self._results.pop(str(req.get("id")), None)
         raw = await self.bus.engine.request(SERVICE, json.dumps(req).encode(), self.timeout_s)
         if raw is None:
             raise BusConnectionError(f"no action queue service answered within {self.timeout_s:g} s")
@@ -76,7 +108,8 @@ class Planner:
         return (await self.submit_many([action]))[0]
 
     async def submit_many(self, actions: Sequence[Action]) -> list[ActionHandle]:
-        """Submit a batch in one request."""
+        """Submit a batch in one request (stored atomically: all or none)."""
+        self._ensure_results_sub()
         signed = [self.signer.sign(a.validate()) if self.signer else a.validate() for a in actions]
         envs = [json.loads(encode_action(a)) for a in signed]
         reply = await self._call({"op": "submit", "actions": envs})
@@ -118,25 +151,43 @@ class ActionHandle:
         return a.status
 
     async def result(self, timeout_s: float | None = None) -> Action:
-        """Wait until the action ends (succeeded, dead-lettered or canceled); returns it."""
+        """Wait until the action ends (succeeded, dead-lettered or canceled); returns it.
+
+        Results arrive on the planner's result subscription; the queue service is also asked
+        now and then (after 1 s, then less and less often), so a result published before the
+        subscription was routed, or while this planner was away, is never missed.
+
+        Raises:
+            TimeoutError: It did not end within ``timeout_s`` seconds.
+        """
+        p = self.planner
+        p._ensure_results_sub()
+        if self.id in p._results:
+            return p._results[self.id]
         loop = asyncio.get_running_loop()
-        done: asyncio.Future[Action] = loop.create_future()
-
-        def settle(a: Action) -> None:
-            if not done.done():
-                done.set_result(a)
-
-        def on_result(_topic: str, payload: bytes) -> None:
-            loop.call_soon_threadsafe(settle, decode_action(payload))
-
-        sub = self.planner.bus.engine.listen(f"actions/result/{self.id}", on_result)
+        fut: asyncio.Future[Action] = loop.create_future()
+        p._waiters.setdefault(self.id, []).append(fut)
+        deadline = None if timeout_s is None else loop.time() + timeout_s
+        poll_s = 1.0
         try:
-            current = await self.planner.get(self.id)  # it may have ended before we listened
-            if current is not None and current.status.terminal:
-                return current
-            return await asyncio.wait_for(done, timeout_s)
+            while True:
+                wait = poll_s if deadline is None else max(0.0, min(poll_s, deadline - loop.time()))
+                try:
+                    return await asyncio.wait_for(asyncio.shield(fut), wait)
+                except TimeoutError:
+                    pass
+                current = await p.get(self.id)
+                if current is not None and current.status.terminal:
+                    return current
+                if deadline is not None and loop.time() >= deadline:
+                    raise TimeoutError(f"action {self.id} did not end within {timeout_s:g} s")
+                poll_s = min(poll_s * 2, 5.0)
         finally:
-            sub.undeclare()
+            waiters = p._waiters.get(self.id)
+            if waiters is not None and fut in waiters:
+                waiters.remove(fut)
+                if not waiters:
+                    del p._waiters[self.id]
 
     async def feedback(self) -> AsyncIterator[Any]:
         """Feedback messages of the running action until it ends."""

@@ -128,30 +128,31 @@ class QueueService:
         s = self.store
         if op == "submit":
             out = []
-            for env in req["actions"]:
-                a, new = s.submit(decode_action(json.dumps(env)))
+            if not isinstance(req["actions"], list):
+                return _err("bad 'submit' request: 'actions' must be a list")
+            stored = s.submit_many([decode_action(json.dumps(env)) for env in req["actions"]])
+            for a, new in stored:
                 out.append({"id": a.id, "duplicate": not new, "status": a.status.value})
-                if new:
-                    self._wake(a.kind)
+            for kind in {a.kind for a, new in stored if new}:
+                self._wake(kind)
             return _ok(actions=out)
         if op == "lease":
-            for expired in s.expire_deadlines():
-                self._publish_result(expired)
             want = req.get("max", 1)
             if isinstance(want, bool) or not isinstance(want, int) or not 1 <= want <= 256:
                 return _err("bad 'lease' request: 'max' must be an integer 1..256")
-            batch = []
-            for _ in range(want):
-                leased = s.lease(
+            batch = [
+                json.loads(encode_action(a))
+                for a in s.lease_many(
                     req["executor"],
                     req["kinds"],
+                    want,
                     labels=req.get("labels"),
                     lease_s=req.get("lease_s", 10.0),
                     live_executors=self._live,
                 )
-                if leased is None:
-                    break
-                batch.append(json.loads(encode_action(leased)))
+            ]
+            for expired in s.take_expired():  # passed by on the way: never started
+                self._publish_result(expired)
             return _ok(action=batch[0] if batch else None, actions=batch)
         if op == "extend":
             a = s.extend(req["id"], req["executor"], req.get("lease_s", 10.0))
@@ -211,7 +212,8 @@ class QueueService:
                     pass
                 with self._lock:
                     lost = self.store.release_lost(now_ns=time.time_ns())
-                    expired = self.store.expire_deadlines()
+                    self.store.expire_deadlines()
+                    expired = self.store.take_expired()
                 for a in lost:
                     self._wake(a.kind)
                 for a in expired:

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import sqlite3
 import time
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import replace
 from pathlib import Path
@@ -66,6 +66,7 @@ class ActionStore:
         self._db.execute("PRAGMA journal_mode=WAL")
         self._db.execute("PRAGMA synchronous=FULL")
         self._db.executescript(_SCHEMA)
+        self._newly_expired: list[Action] = []
         (self._seq,) = self._db.execute("SELECT COALESCE(MAX(seq), 0) FROM actions").fetchone()
 
     def close(self) -> None:
@@ -123,34 +124,56 @@ class ActionStore:
         Raises:
             ActionError: The action is invalid.
         """
-        action.validate()
+        return self.submit_many([action], now_ns)[0]
+
+    def submit_many(self, actions: Sequence[Action], now_ns: int | None = None) -> list[tuple[Action, bool]]:
+        """Store a batch atomically in one durable transaction (one fsync for the batch).
+
+        Returns:
+            Per action, as :meth:`submit`.
+
+        Raises:
+            ActionError: An action is invalid or its id exists; nothing of the batch is stored.
+        """
+        for action in actions:
+            action.validate()
         now = now_ns if now_ns is not None else _now()
-        a = replace(action, status=ActionStatus.QUEUED, attempts=[], created_ns=action.created_ns or now)
+        out: list[tuple[Action, bool]] = []
+        seq = self._seq
         try:
             with self._tx() as db:
-                if a.idempotency_key is not None:
-                    row = db.execute("SELECT body FROM actions WHERE idem=?", (a.idempotency_key,)).fetchone()
-                    if row:
-                        return decode_action(row[0]), False
-                self._seq += 1
-                db.execute(
-                    "INSERT INTO actions (id, kind, priority, deadline_ns, idem, status, available_ns, seq, "
-                    "body) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
-                    (
-                        a.id,
-                        a.kind,
-                        a.priority,
-                        a.deadline_ns,
-                        a.idempotency_key,
-                        a.status.value,
-                        now,
-                        self._seq,
-                        encode_action(a).decode(),
-                    ),
-                )
+                for action in actions:
+                    a = replace(
+                        action, status=ActionStatus.QUEUED, attempts=[], created_ns=action.created_ns or now
+                    )
+                    if a.idempotency_key is not None:
+                        row = db.execute(
+                            "SELECT body FROM actions WHERE idem=?", (a.idempotency_key,)
+                        ).fetchone()
+                        if row:
+                            out.append((decode_action(row[0]), False))
+                            continue
+                    seq += 1
+                    db.execute(
+                        "INSERT INTO actions (id, kind, priority, deadline_ns, idem, status, available_ns, "
+                        "seq, body) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                        (
+                            a.id,
+                            a.kind,
+                            a.priority,
+                            a.deadline_ns,
+                            a.idempotency_key,
+                            a.status.value,
+                            now,
+                            seq,
+                            encode_action(a).decode(),
+                        ),
+                    )
+                    out.append((a, True))
         except sqlite3.IntegrityError as err:
-            raise ActionError(f"action id {a.id!r} already exists") from err
-        return a, True
+            raise ActionError(f"an action id of the batch already exists: {err}") from err
+        self._seq = seq
+        return out
 
     def get(self, action_id: str) -> Action | None:
         """The action with this id (a restarted planner looks its actions up here)."""
@@ -187,21 +210,40 @@ class ActionStore:
         Actions past their deadline are dead-lettered as expired on the way. An action this
         executor already failed is skipped while another live executor could take it.
         """
+        got = self.lease_many(
+            executor, kinds, 1, labels=labels, lease_s=lease_s, live_executors=live_executors, now_ns=now_ns
+        )
+        return got[0] if got else None
+
+    def lease_many(
+        self,
+        executor: str,
+        kinds: Iterable[str],
+        max_actions: int,
+        *,
+        labels: Mapping[str, str] | None = None,
+        lease_s: float = 10.0,
+        live_executors: Iterable[str] = (),
+        now_ns: int | None = None,
+    ) -> list[Action]:
+        """Up to ``max_actions`` of the most urgent ready actions, in one transaction (see
+        :meth:`lease`)."""
         now = now_ns if now_ns is not None else _now()
         kinds = list(kinds)
-        if not kinds:
-            return None
+        if not kinds or max_actions < 1:
+            return []
         labels = dict(labels or {})
         live = set(live_executors) | {executor}
         marks = ",".join("?" * len(kinds))
+        chosen: list[Action] = []
         with self._tx(durable=False) as db:
-            rows = db.execute(
-                f"SELECT id, body FROM actions WHERE status IN (?, ?) AND kind IN ({marks}) "
-                "AND available_ns <= ? ORDER BY priority DESC, seq LIMIT 256",
-                (*_READY, *kinds, now),
+            ids = db.execute(
+                f"SELECT id FROM actions WHERE status IN (?, ?) AND kind IN ({marks}) "
+                "AND available_ns <= ? ORDER BY priority DESC, seq LIMIT ?",
+                (*_READY, *kinds, now, 256 + max_actions),
             ).fetchall()
-            chosen: Action | None = None
-            for _, body in rows:
+            for (action_id,) in ids:  # bodies one by one: usually the first ones are taken
+                (body,) = db.execute("SELECT body FROM actions WHERE id=?", (action_id,)).fetchone()
                 a = decode_action(body)
                 if a.deadline_ns and a.deadline_ns < now:
                     self._expire(a, now)
@@ -210,13 +252,13 @@ class ActionStore:
                     continue
                 if executor not in RetryPolicy.prefer(live, a.executors_tried()):
                     continue
-                chosen = a
-                break
-            if chosen is not None:
-                chosen.attempts.append(Attempt(chosen.attempt_count + 1, executor, now))
-                chosen.status = ActionStatus.RUNNING
-                self._save(chosen, lease=(executor, now + int(lease_s * 1e9)))
-            return chosen
+                a.attempts.append(Attempt(a.attempt_count + 1, executor, now))
+                a.status = ActionStatus.RUNNING
+                self._save(a, lease=(executor, now + int(lease_s * 1e9)))
+                chosen.append(a)
+                if len(chosen) >= max_actions:
+                    break
+        return chosen
 
     def extend(
         self, action_id: str, executor: str, lease_s: float = 10.0, now_ns: int | None = None
@@ -262,6 +304,13 @@ class ActionStore:
         )
         a.status = ActionStatus.DEAD
         self._save(a)
+        self._newly_expired.append(a)
+        del self._newly_expired[:-10_000]  # bounded when nobody takes them (standalone use)
+
+    def take_expired(self) -> list[Action]:
+        """Actions dead-lettered as expired since the last call (to publish their results)."""
+        out, self._newly_expired = self._newly_expired, []
+        return out
 
     def _end_attempt(self, a: Action, outcome: str, reason: str, now: int) -> None:
         last = a.attempts[-1]

@@ -455,18 +455,35 @@ class ZenohEngine(Engine):
 
     async def request(self, name: str, payload: bytes, timeout_s: float) -> bytes | None:
         self._check()
+        loop = asyncio.get_running_loop()
+        key = self._svc_key(name)
 
-        def ask(budget_s: float) -> bytes | None:
-            for reply in self.session.get(self._svc_key(name), payload=payload, timeout=budget_s):
+        async def ask(budget_s: float) -> bytes | None:
+            # Callback-based get: no thread per request, so many concurrent requests (executors,
+            # planners) do not queue behind a small thread pool.
+            fut: asyncio.Future[bytes | None] = loop.create_future()
+
+            def settle(value: bytes | None) -> None:
+                if not fut.done():
+                    fut.set_result(value)
+
+            def on_reply(reply: zenoh.Reply) -> None:
                 if reply.ok is not None:
-                    return reply.ok.payload.to_bytes()
-            return None
+                    loop.call_soon_threadsafe(settle, reply.ok.payload.to_bytes())
+
+            def on_done() -> None:
+                loop.call_soon_threadsafe(settle, None)
+
+            self.session.get(
+                key, zenoh.handlers.Callback(on_reply, on_done), payload=payload, timeout=budget_s
+            )
+            return await fut
 
         # Right after connecting, the service may not be routed yet and a query returns at once
         # with no reply: ask again until the timeout.
         deadline = time.monotonic() + timeout_s
         while True:
-            answer = await asyncio.to_thread(ask, max(0.05, deadline - time.monotonic()))
+            answer = await ask(max(0.05, deadline - time.monotonic()))
             if answer is not None or time.monotonic() >= deadline:
                 return answer
             await asyncio.sleep(0.05)
