@@ -178,6 +178,8 @@ def read_recording(
             usable.append(c)
         failed: set[str] = set()
         rebuild: set[int] = set()
+        direct: dict[int, bool] = {}  # ROS 1 topics converted bytes-to-bytes; value: header first
+        probed: set[int] = set()
         checked: set[int] = set()
         header_first: dict[int, bool | None] = {}
         for conn, log_ns, raw in reader.messages(connections=usable):
@@ -185,6 +187,13 @@ def read_recording(
             if conn.topic in failed:
                 continue
             try:
+                if ros1 and not decode and conn.id in direct:
+                    # Checked on the first message of this topic: converting the ROS 1 bytes
+                    # straight to ROS 2 CDR gives the same bytes as deserialize + serialize.
+                    cdr = bytes(ros2.ros1_to_cdr(raw, norm))
+                    stamp_ns, frame_id = _cdr_header(cdr) if direct[conn.id] else (0, "")
+                    yield RecordedMessage(conn.topic, norm, int(log_ns), stamp_ns, frame_id, cdr, None)
+                    continue
                 if ros1:
                     # ROS 1 definitions differ (e.g. Header.seq): write CDR with the ROS 2 store
                     # when it knows the type, so ROS 2 readers decode it.
@@ -202,6 +211,14 @@ def read_recording(
                                 cdr = bytes(ros2.serialize_cdr(msg, norm))
                     else:
                         cdr = bytes(store.serialize_cdr(msg, names[conn.id]))
+                    if not decode and conn.id not in probed and norm in ros2.fielddefs:
+                        probed.add(conn.id)
+                        try:
+                            same = bytes(ros2.ros1_to_cdr(raw, norm)) == cdr
+                        except Exception:  # rosbags raises assorted errors; keep the slow path
+                            same = False
+                        if same:
+                            direct[conn.id] = bool(_has_header_first(ros2, norm))
                 elif not decode and conn.id in checked and header_first.get(conn.id) is not None:
                     cdr = bytes(raw)
                     stamp_ns, frame_id = _cdr_header(cdr)
