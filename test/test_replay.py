@@ -148,3 +148,23 @@ async def test_record_then_replay_gives_identical_payloads_and_stamps(tmp_path: 
         "sensor_msgs/msg/Imu",
         "sensor_msgs/msg/NavSatFix",
     }
+
+
+@pytest.mark.parametrize(
+    "parts",
+    [("robot_localization_husky_gps", "test1.bag"), ("plotjuggler_tilt_laser", "tilt_laser.bag")],
+)
+def test_ros1_bytes_converted_directly_equal_the_decoded_and_reserialized_messages(
+    parts: tuple[str, str],
+) -> None:
+    from embodied_bus.replay import SkippedTopic, read_recording
+
+    def rows(decode: bool) -> list[tuple[str, bytes, int, str]]:
+        return [
+            (m.topic, m.cdr, m.stamp_ns, m.frame_id)
+            for m in read_recording(recording(*parts), decode=decode)
+            if not isinstance(m, SkippedTopic)
+        ]
+
+    fast, slow = rows(False), rows(True)
+    assert len(fast) > 1000 and fast == slow
