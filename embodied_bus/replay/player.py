@@ -161,33 +161,50 @@ _END = object()
 
 
 async def _read_ahead(
-    paths: Sequence[str | Path], topics: tuple[str, ...] | None
+    paths: Sequence[str | Path], topics: tuple[str, ...] | None, opts: ReplayOptions | None = None
 ) -> AsyncIterator[RecordedMessage | SkippedTopic]:
-    """Read (and decompress, convert) in a named thread, ahead of the replay clock."""
+    """Read (and decompress, convert) in a named thread, ahead of the replay clock.
+
+    The reader stops at the end of the replayed window, and the queue is filled before the
+    clock starts: a window of up to :data:`READ_AHEAD` messages is replayed with no reading
+    at all competing for the GIL.
+    """
     q: queue.Queue[Any] = queue.Queue(maxsize=READ_AHEAD)
     cancelled = threading.Event()
+    start_ns = int(opts.start_s * 1e9) if opts else 0
+    span_ns = int(opts.duration_s * 1e9) if opts and opts.duration_s is not None else None
+
+    def put(item: Any) -> bool:
+        """Queue ``item``; False once the consumer has gone away."""
+        while not cancelled.is_set():
+            try:
+                q.put(item, timeout=0.2)
+                return True
+            except queue.Full:
+                continue
+        return False
 
     def produce() -> None:
+        first_log: int | None = None
         try:
             for item in read_recording(paths, topics=topics, decode=False):
-                while not cancelled.is_set():
-                    try:
-                        q.put(item, timeout=0.2)
-                        break
-                    except queue.Full:
-                        continue
-                if cancelled.is_set():
+                last = False
+                if span_ns is not None and isinstance(item, RecordedMessage):
+                    if first_log is None:
+                        first_log = item.log_time_ns + start_ns
+                    last = item.log_time_ns - first_log > span_ns  # the consumer stops on it
+                if not put(item) or last:
                     return
         except BaseException as err:  # re-raised on the asyncio side
-            q.put(err)
+            put(err)
             return
-        q.put(_END)
+        put(_END)
 
     th = threading.Thread(target=produce, name="eb-replay-reader", daemon=True)
     th.start()
     # Prime the queue before the replay clock starts, so the first seconds are on time too.
     deadline = time.monotonic() + PRIME_S
-    while q.qsize() < READ_AHEAD // 2 and th.is_alive() and time.monotonic() < deadline:
+    while not q.full() and th.is_alive() and time.monotonic() < deadline:
         await asyncio.sleep(0.01)
     try:
         while True:
@@ -282,7 +299,7 @@ async def _one_pass(
     first_log: int | None = None
     t0 = 0.0
     span_ns = None
-    async for item in _read_ahead(paths, opts.topics):
+    async for item in _read_ahead(paths, opts.topics, opts):
         if stop is not None and stop.is_set():
             return
         if isinstance(item, SkippedTopic):
