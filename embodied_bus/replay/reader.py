@@ -178,12 +178,13 @@ def read_recording(
             usable.append(c)
         failed: set[str] = set()
         rebuild: set[int] = set()
+        norms: dict[int, str] = {}
         direct: dict[int, bool] = {}  # ROS 1 topics converted bytes-to-bytes; value: header first
         probed: set[int] = set()
         checked: set[int] = set()
         header_first: dict[int, bool | None] = {}
         for conn, log_ns, raw in reader.messages(connections=usable):
-            norm = normalize_msgtype(conn.msgtype)
+            norm = norms.get(conn.id) or norms.setdefault(conn.id, normalize_msgtype(conn.msgtype))
             if conn.topic in failed:
                 continue
             try:
