@@ -4,11 +4,11 @@ mid-stream; every bucket is fused and published exactly once."""
 from __future__ import annotations
 
 import asyncio
-import os
 import signal
 import subprocess
 import sys
 import time
+import uuid
 from pathlib import Path
 
 import pytest
@@ -77,7 +77,7 @@ async def test_three_workers_publish_every_bucket_once_through_join_and_kill(
     doc["fusion"]["lateness_ms"] = 1000
     config = tmp_path / "fusion.yaml"
     config.write_text(yaml.safe_dump(doc))
-    ns = f"scale{engine_name}{os.getpid()}"
+    ns = f"scale{engine_name}{uuid.uuid4().hex[:8]}"  # fresh topics and subscriptions per (re)run
     if engine_name == "zenoh":
         port = free_port()
         hub_url, worker_url, mode = f"zenoh:?listen=tcp/127.0.0.1:{port}", f"zenoh://127.0.0.1:{port}", "ring"
