@@ -240,6 +240,13 @@ def _plan(summary: ReplaySummary, opts: ReplayOptions, info: RecordingInfo) -> N
     summary.topics = dict(info.topics)
 
 
+def _sample_stamp(m: RecordedMessage, opts: ReplayOptions) -> tuple[int, bool]:
+    """The stamp to publish and whether it is a fallback (a zero header stamp → log time)."""
+    if opts.stamp == "header" and m.stamp_ns:
+        return m.stamp_ns, False
+    return m.log_time_ns, opts.stamp == "header"
+
+
 def _fast_pass(
     bus: Bus,
     loop: asyncio.AbstractEventLoop,
@@ -277,8 +284,7 @@ def _fast_pass(
                 _publisher(bus, opts, m.topic, m.msgtype, m.frame_id), loop
             )
             pub = pubs[m.topic] = made.result()
-        fallback = opts.stamp == "header" and m.stamp_ns == 0
-        stamp = m.stamp_ns if opts.stamp == "header" and m.stamp_ns else m.log_time_ns
+        stamp, fallback = _sample_stamp(m, opts)
         summary.stamp_fallbacks += fallback
         pub.publish_from_thread(m.cdr, stamp_ns=stamp, frame_id=m.frame_id, stamp_fallback=fallback)
         summary.messages[m.topic] += 1
@@ -328,8 +334,7 @@ async def _one_pass(
             while time.monotonic() < due:
                 pass
             summary.timing_errors_ms.append((time.monotonic() - due) * 1e3)
-        fallback = opts.stamp == "header" and m.stamp_ns == 0
-        stamp = m.stamp_ns if opts.stamp == "header" and m.stamp_ns else m.log_time_ns
+        stamp, fallback = _sample_stamp(m, opts)
         summary.stamp_fallbacks += fallback
         await pub.publish(m.cdr, stamp_ns=stamp, frame_id=m.frame_id, stamp_fallback=fallback)
         summary.messages[m.topic] += 1

@@ -28,6 +28,7 @@ import json
 import logging
 import time
 from collections import Counter
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -117,19 +118,7 @@ class _RosPublisher:
         self.topic = topic
         self.ros_type = ros_type
         self.key = topic_key(link.domain_id, topic, ros_type, hash_)
-        self.token_key = entity_token(
-            link.domain_id,
-            bridge.zid,
-            bridge.node_id,
-            bridge.next_entity_id(),
-            EntityKind.PUBLISHER,
-            link.namespace,
-            link.node_name,
-            topic,
-            ros_type,
-            hash_,
-            qos,
-        )
+        self.token_key = bridge.entity_token(EntityKind.PUBLISHER, topic, ros_type, hash_, qos)
         self.gid = gid_of(self.token_key)
         self.seq = 0
         session = bridge.session
@@ -186,6 +175,36 @@ class RmwZenohBridge:
         self._entity += 1
         return self._entity
 
+    def entity_token(self, kind: EntityKind, topic: str, ros_type: str, hash_: str, qos: QosProfile) -> str:
+        """The liveliness key of a new publisher or subscription of this bridge's node."""
+        link = self.config.ros
+        return entity_token(
+            link.domain_id,
+            self.zid,
+            self.node_id,
+            self.next_entity_id(),
+            kind,
+            link.namespace,
+            link.node_name,
+            topic,
+            ros_type,
+            hash_,
+            qos,
+        )
+
+    def _declare_subscription(
+        self, topic: str, ros_type: str, qos: QosProfile, on_sample: Callable[[zenoh.Sample], None]
+    ) -> None:
+        """A Zenoh subscriber on a ROS topic's key, announced with an ``MS`` liveliness token."""
+        link = self.config.ros
+        hash_ = type_hash(ros_type, link.distro)
+        self._decls.append(
+            self.session.declare_subscriber(topic_key(link.domain_id, topic, ros_type, hash_), on_sample)
+        )
+        tok = self.entity_token(EntityKind.SUBSCRIPTION, topic, ros_type, hash_, qos)
+        self._decls.append(self.session.liveliness().declare_token(tok))
+        self.tokens.append(tok)
+
     async def __aenter__(self) -> RmwZenohBridge:
         await self.start()
         return self
@@ -231,8 +250,6 @@ class RmwZenohBridge:
 
     def _subscribe_ros(self, route: TopicRoute, pub: Publisher) -> None:
         link = self.config.ros
-        hash_ = type_hash(route.ros_type, link.distro)
-        key = topic_key(link.domain_id, route.topic, route.ros_type, hash_)
         loop = self._loop
         assert loop is not None
         distro = link.distro
@@ -257,22 +274,7 @@ class RmwZenohBridge:
                     stamp, fallback = a.source_timestamp_ns or time.time_ns(), True
             loop.call_soon_threadsafe(self._publish_in, route, pub, payload, stamp, frame_id, fallback)
 
-        self._decls.append(self.session.declare_subscriber(key, on_sample))
-        tok = entity_token(
-            link.domain_id,
-            self.zid,
-            self.node_id,
-            self.next_entity_id(),
-            EntityKind.SUBSCRIPTION,
-            link.namespace,
-            link.node_name,
-            route.topic,
-            route.ros_type,
-            hash_,
-            route.qos,
-        )
-        self._decls.append(self.session.liveliness().declare_token(tok))
-        self.tokens.append(tok)
+        self._declare_subscription(route.topic, route.ros_type, route.qos, on_sample)
 
     def _publish_in(
         self, route: TopicRoute, pub: Publisher, payload: bytes, stamp_ns: int, frame_id: str, fallback: bool
@@ -342,9 +344,6 @@ class RmwZenohBridge:
             await sub.close()
 
     def _subscribe_submissions(self) -> None:
-        link = self.config.ros
-        hash_ = type_hash(_STRING_TYPE, link.distro)
-        key = topic_key(link.domain_id, self.config.submit_topic, _STRING_TYPE, hash_)
         results = self._ros_publisher(self.config.results_topic, _STRING_TYPE)
         loop = self._loop
         assert loop is not None
@@ -356,22 +355,7 @@ class RmwZenohBridge:
             payload = sample.payload.to_bytes()
             loop.call_soon_threadsafe(self._spawn_submit, payload, results)
 
-        self._decls.append(self.session.declare_subscriber(key, on_sample))
-        tok = entity_token(
-            link.domain_id,
-            self.zid,
-            self.node_id,
-            self.next_entity_id(),
-            EntityKind.SUBSCRIPTION,
-            link.namespace,
-            link.node_name,
-            self.config.submit_topic,
-            _STRING_TYPE,
-            hash_,
-            DEFAULT_QOS,
-        )
-        self._decls.append(self.session.liveliness().declare_token(tok))
-        self.tokens.append(tok)
+        self._declare_subscription(self.config.submit_topic, _STRING_TYPE, DEFAULT_QOS, on_sample)
 
     def _spawn_submit(self, payload: bytes, results: _RosPublisher) -> None:
         if not self._closed:
