@@ -1,10 +1,10 @@
 #!/usr/bin/env python3
-"""Action-queue benchmark over embedded Zenoh: end-to-end actions/s (submit → result) with
+"""Action-queue benchmark on both backends: end-to-end actions/s (submit → result) with
 4 executors and a no-op handler, submit→start latency p50/p99, and the redelivery delay after a
-nack and after an executor crash (its session closes without a goodbye). With ``--pulsar URL``
-it also measures raw pulsar-client Shared-subscription throughput (4 consumers) in the same run;
-the Pulsar action backend does not exist yet, so no ratio is printed for it. Prints one JSON
-document.
+nack and after an executor crash (its session closes without a goodbye). Zenoh always (embedded,
+queue service in the run); with ``--pulsar URL`` also the Pulsar backend and raw pulsar-client
+Shared-subscription throughput (4 consumers, receiver queue 1, ack per message) in the same
+run, with the ratio. Prints one JSON document.
 
 Usage: python bench/actions.py [--quick] [--pulsar pulsar://127.0.0.1:6650]
 """
@@ -28,6 +28,7 @@ sys.path.insert(0, str(ROOT))
 
 from embodied_bus import open_bus  # noqa: E402
 from embodied_bus.actions import Action, Executor, Planner, QueueService, RetryPolicy  # noqa: E402
+from embodied_bus.actions.service import EXECUTOR_GROUP  # noqa: E402
 from embodied_bus.testing.ports import free_port  # noqa: E402
 
 
@@ -35,19 +36,31 @@ def pct(values: list[float], q: float) -> float | None:
     return round(float(np.percentile(values, q)), 3) if values else None
 
 
-async def zenoh_bench(n_actions: int) -> dict[str, Any]:
-    port = free_port()
-    url_a, url_b = f"zenoh:?listen=tcp/127.0.0.1:{port}", f"zenoh://127.0.0.1:{port}"
+async def actions_bench(n_actions: int, pulsar_url: str | None = None) -> dict[str, Any]:
+    """One backend: Zenoh (a queue service in this run) or, with ``pulsar_url``, Pulsar."""
+    if pulsar_url is None:
+        port = free_port()
+        url_a, url_b = f"zenoh:?listen=tcp/127.0.0.1:{port}", f"zenoh://127.0.0.1:{port}"
+    else:
+        url_a = url_b = pulsar_url
     ns = "bench" + uuid.uuid4().hex[:6]
     stop = asyncio.Event()
     started: dict[str, int] = {}
     tmp = Path(tempfile.mkdtemp(prefix="eb-bench-actions-"))
     policy = RetryPolicy(max_attempts=5, initial_backoff_s=0.0, max_backoff_s=0.0, jitter=0.0)
+    live: set[str] = set()
+
+    def on_member(member: str, _value: str, joined: bool) -> None:
+        (live.add if joined else live.discard)(member)
+
     async with open_bus(url_a, namespace=ns) as svc_bus, open_bus(url_b, namespace=ns) as bus:
-        ready = asyncio.Event()
-        service = QueueService(svc_bus, tmp / "q.db", policy)
-        tasks = [asyncio.create_task(service.run(stop, ready))]
-        await ready.wait()
+        tasks = []
+        if pulsar_url is None:
+            ready = asyncio.Event()
+            service = QueueService(svc_bus, tmp / "q.db", policy)
+            tasks.append(asyncio.create_task(service.run(stop, ready)))
+            await ready.wait()
+        group = await svc_bus.engine.watch_group(EXECUTOR_GROUP, on_member)
 
         async def noop(action: Action, ctx: Any) -> None:
             started.setdefault(action.id, time.time_ns())
@@ -67,14 +80,14 @@ async def zenoh_bench(n_actions: int) -> dict[str, Any]:
 
         executors = []
         for i in range(4):
-            ex = Executor(bus, f"bench-{i}", concurrency=8)
+            ex = Executor(bus, f"bench-{i}", concurrency=8, policy=policy)
             ex.handler("noop")(noop)
             ex.handler("flaky")(flaky)
             executors.append(ex)
             tasks.append(asyncio.create_task(ex.run(stop)))
-        while len(service._live) < 4:
+        while len(live) < 4:
             await asyncio.sleep(0.05)
-        planner = Planner(bus)
+        planner = Planner(bus, policy=policy)
 
         # submit -> start latency, one at a time (no queueing)
         latencies = []
@@ -104,7 +117,7 @@ async def zenoh_bench(n_actions: int) -> dict[str, Any]:
         crash_delays = []
         for _ in range(5 if n_actions <= 2000 else 10):
             async with open_bus(url_b, namespace=ns) as doomed_bus:
-                doomed = Executor(doomed_bus, f"doomed-{uuid.uuid4().hex[:4]}")
+                doomed = Executor(doomed_bus, f"doomed-{uuid.uuid4().hex[:4]}", policy=policy)
                 holding = asyncio.Event()
 
                 async def hang(action: Action, ctx: Any, holding: asyncio.Event = holding) -> None:
@@ -114,15 +127,15 @@ async def zenoh_bench(n_actions: int) -> dict[str, Any]:
                 doomed.handler("crashy")(hang)
                 dstop = asyncio.Event()
                 dtask = asyncio.create_task(doomed.run(dstop))
-                while doomed.name not in service._live:
+                while doomed.name not in live:
                     await asyncio.sleep(0.01)
                 h = await planner.submit("crashy")
                 await holding.wait()
-                rescuer = Executor(bus, f"rescuer-{uuid.uuid4().hex[:4]}")
+                rescuer = Executor(bus, f"rescuer-{uuid.uuid4().hex[:4]}", policy=policy)
                 rescuer.handler("crashy")(finish)
                 rstop = asyncio.Event()
                 rtask = asyncio.create_task(rescuer.run(rstop))
-                while rescuer.name not in service._live:
+                while rescuer.name not in live:
                     await asyncio.sleep(0.01)
                 dtask.cancel()
             crashed_ns = time.time_ns()  # the session is closed: its liveliness token is gone
@@ -134,6 +147,8 @@ async def zenoh_bench(n_actions: int) -> dict[str, Any]:
 
         stop.set()
         await asyncio.gather(*tasks, return_exceptions=True)
+        await planner.close()
+        await group.leave()
     return {
         "actions": n_actions,
         "executors": 4,
@@ -141,7 +156,6 @@ async def zenoh_bench(n_actions: int) -> dict[str, Any]:
         "submit_to_start_ms": {"p50": pct(latencies, 50), "p99": pct(latencies, 99)},
         "redelivery_after_nack_ms": {"p50": pct(nack_delays, 50), "p99": pct(nack_delays, 99)},
         "redelivery_after_crash_ms": {"p50": pct(crash_delays, 50), "max": pct(crash_delays, 100)},
-        "targets": {"actions_per_s": 2000, "submit_to_start_p50_ms": 2.0, "redelivery_after_crash_ms": 1000},
     }
 
 
@@ -188,10 +202,22 @@ def main() -> None:
     p.add_argument("--pulsar", default=None, help="broker URL for the raw Shared-subscription baseline")
     args = p.parse_args()
     n = 1000 if args.quick else 5000
-    out: dict[str, Any] = {"zenoh": asyncio.run(zenoh_bench(n))}
+    zenoh = asyncio.run(actions_bench(n))
+    zenoh["targets"] = {
+        "actions_per_s": 2000,
+        "submit_to_start_p50_ms": 2.0,
+        "redelivery_after_crash_ms": 1000,
+    }
+    out: dict[str, Any] = {"zenoh": zenoh}
     if args.pulsar:
-        out["raw_pulsar_shared"] = raw_pulsar_shared(args.pulsar, n)
-        out["pulsar_ratio"] = None  # no Pulsar action backend yet
+        ours = asyncio.run(actions_bench(n, args.pulsar))
+        raw = raw_pulsar_shared(args.pulsar, n)
+        out["pulsar"] = ours
+        out["raw_pulsar_shared"] = raw
+        out["pulsar_ratio"] = {
+            "actions_per_s_vs_raw_msgs_per_s": round(ours["actions_per_s"] / raw["msgs_per_s"], 3),
+            "target": 0.5,
+        }
     print(json.dumps(out, indent=2))
 
 

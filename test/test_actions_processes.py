@@ -106,18 +106,30 @@ async def test_an_executor_killed_mid_action_is_replaced_and_the_action_resumes_
     assert done.attempts[0].outcome == "lost"
 
 
-def test_send_and_dlq_commands_show_results_and_dead_letters(tmp_path: Path) -> None:
-    port_url_listen, port_url = zenoh_urls()
-    ns = f"cli{os.getpid()}"
-    queue = subprocess.Popen(
-        [*CLI, "queue", "--bus", port_url_listen, "--ns", ns, "--db", str(tmp_path / "q.db")],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-    )
+@pytest.mark.parametrize("engine", ["zenoh", "pulsar"])
+def test_send_and_dlq_commands_show_results_and_dead_letters(
+    engine: str, tmp_path: Path, request: pytest.FixtureRequest
+) -> None:
+    ns = f"cli{engine}{os.getpid()}"
+    queue: subprocess.Popen[str] | None = None
+    if engine == "zenoh":
+        port_url_listen, port_url = zenoh_urls()
+        queue = subprocess.Popen(
+            [*CLI, "queue", "--bus", port_url_listen, "--ns", ns, "--db", str(tmp_path / "q.db")],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+    else:
+        port_url = request.getfixturevalue("pulsar_url")
+        no_service = subprocess.run(
+            [*CLI, "queue", "--bus", port_url, "--ns", ns], capture_output=True, text=True, timeout=60
+        )
+        assert no_service.returncode != 0 and "no queue service is needed on Pulsar" in no_service.stderr
     ex = executor(port_url, ns, "C")
     try:
-        wait_line(queue, "action queue serving")
+        if queue is not None:
+            wait_line(queue, "action queue serving")
         wait_line(ex, "executor C running")
         ok = subprocess.run(
             [
@@ -160,8 +172,9 @@ def test_send_and_dlq_commands_show_results_and_dead_letters(tmp_path: Path) -> 
         assert junk.returncode == 1 and "not valid JSON" in junk.stderr
     finally:
         for p in (ex, queue):
-            p.send_signal(signal.SIGINT)
-            p.wait(20)
+            if p is not None:
+                p.send_signal(signal.SIGINT)
+                p.wait(20)
 
 
 def queue_process(url: str, ns: str, db: Path) -> subprocess.Popen[str]:
@@ -196,5 +209,56 @@ async def test_a_queue_service_killed_between_submit_and_execution_loses_nothing
             if p is not None and p.poll() is None:
                 p.send_signal(signal.SIGINT)
                 p.wait(20)
+    assert [r.status for r in results] == [ActionStatus.SUCCEEDED] * 5
+    assert all(r.attempts[-1].executor == "after-crash" for r in results)
+
+
+async def test_on_pulsar_an_executor_killed_mid_action_is_replaced_and_the_action_resumes_once(
+    pulsar_url: str,
+) -> None:
+    ns = f"pkill{os.getpid()}"
+    async with open_bus(pulsar_url, namespace=ns) as plan_bus, Planner(plan_bus) as planner:
+        await planner.backlog()  # the queue's subscriptions exist before any submit
+        a = executor(pulsar_url, ns, "A")
+        b = None
+        try:
+            wait_line(a, "executor A running")
+            h = await planner.submit("navigate_to", {"hang_first": True})
+            for _ in range(600):
+                got = await planner.get(h.id)
+                if got is not None and got.checkpoint is not None:
+                    break
+                await asyncio.sleep(0.05)
+            # B consumes the same Shared subscriptions before A dies: the broker redelivers
+            # what A held to B when A's connection drops
+            b = executor(pulsar_url, ns, "B")
+            wait_line(b, "executor B running")
+            a.send_signal(signal.SIGKILL)
+            a.wait(10)
+            done = await h.result(timeout_s=60)
+        finally:
+            for p in (a, b):
+                if p is not None and p.poll() is None:
+                    p.send_signal(signal.SIGINT)
+                    p.wait(20)
+    assert done.status is ActionStatus.SUCCEEDED
+    assert done.result["attempt"] == 2 and done.result["resumed_from"]["waypoint"] == 3
+    assert [x.executor for x in done.attempts] == ["A", "B"]
+    assert done.attempts[0].outcome == "lost"
+
+
+async def test_a_pulsar_broker_killed_between_submit_and_execution_loses_nothing(pulsar_broker) -> None:  # type: ignore[no-untyped-def]
+    if pulsar_broker is None:
+        pytest.skip("EMBODIED_BUS_PULSAR_URL points at a broker this test cannot restart")
+    ns = f"pcrash{os.getpid()}"
+    async with open_bus(pulsar_broker.url, namespace=ns) as plan_bus, Planner(plan_bus) as planner:
+        handles = [await planner.submit("navigate_to", {"n": i}, priority=i % 3) for i in range(5)]
+        await asyncio.to_thread(pulsar_broker.restart, crash=True)  # kill -9, then start again
+        ex = executor(pulsar_broker.url, ns, "after-crash")
+        try:
+            results = [await h.result(timeout_s=90) for h in handles]
+        finally:
+            ex.send_signal(signal.SIGINT)
+            ex.wait(20)
     assert [r.status for r in results] == [ActionStatus.SUCCEEDED] * 5
     assert all(r.attempts[-1].executor == "after-crash" for r in results)

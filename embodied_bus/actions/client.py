@@ -9,6 +9,7 @@ from collections.abc import AsyncIterator, Sequence
 from typing import Any
 
 from embodied_bus.actions.model import Action, ActionError, ActionStatus, decode_action, encode_action
+from embodied_bus.actions.policy import DEFAULT_RETRY, RetryPolicy
 from embodied_bus.actions.service import SERVICE
 from embodied_bus.bus import Bus
 from embodied_bus.errors import BusConnectionError
@@ -23,27 +24,59 @@ RESULT_CACHE = 10_000
 
 
 class Planner:
-    """Sends actions through the queue service of a bus.
+    """Sends actions through the action queue of a bus.
+
+    On Zenoh the queue is a queue service (``embodied-bus queue`` or :class:`QueueService`
+    hosted anywhere); on Apache Pulsar it is Pulsar's topics and subscriptions
+    (:mod:`embodied_bus.actions.pulsar_queue`), with no service to run.
 
     Args:
-        bus: A bus with a queue service.
-        timeout_s: How long a request waits for the queue service.
+        bus: The bus.
+        timeout_s: How long a request waits for the queue service (Zenoh).
         signer: Sign every submitted action (executors with a verifier run only signed ones).
+        policy: Retry policy for actions requeued from the dead-letter queue on Pulsar (on
+            Zenoh the queue service's policy applies).
+
+    Use it as an async context manager, or call :meth:`close`, to release its reply channel.
     """
 
     def __init__(
-        self, bus: Bus, *, timeout_s: float = REQUEST_TIMEOUT_S, signer: Signer | None = None
+        self,
+        bus: Bus,
+        *,
+        timeout_s: float = REQUEST_TIMEOUT_S,
+        signer: Signer | None = None,
+        policy: RetryPolicy = DEFAULT_RETRY,
     ) -> None:
         self.bus = bus
         self.timeout_s = timeout_s
         self.signer = signer
+        self._pulsar: Any = None
+        if bus.engine.name == "pulsar":
+            from embodied_bus.actions.pulsar_queue import PulsarActionQueue
+
+            self._pulsar = PulsarActionQueue(bus.engine, policy)  # type: ignore[arg-type]
         # One subscription for every result (not one per action), declared before the first
         # submit so results that arrive before anyone awaits them are kept (bounded).
         self._results: OrderedDict[str, Action] = OrderedDict()
         self._waiters: dict[str, list[asyncio.Future[Action]]] = {}
         self._results_sub: Any = None
 
-    def _ensure_results_sub(self) -> None:
+    async def __aenter__(self) -> Planner:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.close()
+
+    async def close(self) -> None:
+        """Stop listening for results (and release the Pulsar reply topic and state reader)."""
+        if self._results_sub is not None and self._pulsar is None:
+            self._results_sub.undeclare()
+        self._results_sub = None
+        if self._pulsar is not None:
+            await self._pulsar.close()
+
+    async def _ensure_results_sub(self) -> None:
         if self._results_sub is not None:
             return
         loop = asyncio.get_running_loop()
@@ -51,7 +84,11 @@ class Planner:
         def on_result(topic: str, payload: bytes) -> None:  # engine thread
             loop.call_soon_threadsafe(self._settle, topic.rsplit("/", 1)[-1], payload)
 
-        self._results_sub = self.bus.engine.listen("actions/result/*", on_result)
+        if self._pulsar is not None:
+            await self._pulsar.listen_results(on_result)
+            self._results_sub = on_result
+        else:
+            self._results_sub = self.bus.engine.listen("actions/result/*", on_result)
 
     def _settle(self, action_id: str, payload: bytes) -> None:
         try:
@@ -66,8 +103,16 @@ class Planner:
                 fut.set_result(action)
 
     async def _call(self, req: dict[str, Any]) -> dict[str, Any]:
-        if req.get("op") == "requeue":  # it will run again: forget the old outcome
+        if req.get("op") == "dlq" and req.get("what") == "requeue":  # it runs again: forget the old outcome
             self._results.pop(str(req.get("id")), None)
+        if self._pulsar is not None:
+            try:
+                out: dict[str, Any] = await self._pulsar.call(req)
+            except (KeyError, TypeError, ValueError) as err:
+                if isinstance(err, ActionError):
+                    raise
+                raise ActionError(f"bad {req.get('op')!r} request: missing or wrong field {err}") from err
+            return out
         raw = await self.bus.engine.request(SERVICE, json.dumps(req).encode(), self.timeout_s)
         if raw is None:
             raise BusConnectionError(f"no action queue service answered within {self.timeout_s:g} s")
@@ -108,8 +153,9 @@ class Planner:
         return (await self.submit_many([action]))[0]
 
     async def submit_many(self, actions: Sequence[Action]) -> list[ActionHandle]:
-        """Submit a batch in one request (stored atomically: all or none)."""
-        self._ensure_results_sub()
+        """Submit a batch in one request (on Zenoh stored atomically: all or none; on Pulsar each
+        action is persisted before this returns)."""
+        await self._ensure_results_sub()
         signed = [self.signer.sign(a.validate()) if self.signer else a.validate() for a in actions]
         envs = [json.loads(encode_action(a)) for a in signed]
         reply = await self._call({"op": "submit", "actions": envs})
@@ -161,7 +207,7 @@ class ActionHandle:
             TimeoutError: It did not end within ``timeout_s`` seconds.
         """
         p = self.planner
-        p._ensure_results_sub()
+        await p._ensure_results_sub()
         if self.id in p._results:
             return p._results[self.id]
         loop = asyncio.get_running_loop()
@@ -201,16 +247,28 @@ class ActionHandle:
         def on_result(_topic: str, _payload: bytes) -> None:
             loop.call_soon_threadsafe(q.put_nowait, end)
 
-        subs = [
-            self.planner.bus.engine.listen(f"actions/fb/{self.id}", on_fb),
-            self.planner.bus.engine.listen(f"actions/result/{self.id}", on_result),
-        ]
+        pulsar_q = self.planner._pulsar
+        if pulsar_q is not None:
+
+            def on_reply(topic: str, payload: bytes) -> None:
+                (on_result if topic.startswith("actions/result/") else on_fb)(topic, payload)
+
+            stop = await pulsar_q.listen_feedback(self.id, on_reply)
+        else:
+            subs = [
+                self.planner.bus.engine.listen(f"actions/fb/{self.id}", on_fb),
+                self.planner.bus.engine.listen(f"actions/result/{self.id}", on_result),
+            ]
+
+            def stop() -> None:
+                for s in subs:
+                    s.undeclare()
+
         try:
             while (item := await q.get()) is not end:
                 yield item
         finally:
-            for s in subs:
-                s.undeclare()
+            stop()
 
     async def cancel(self) -> Action | None:
         """Cancel: removed if queued, signalled if running."""

@@ -10,10 +10,11 @@ import uuid
 from collections.abc import Awaitable, Callable
 from typing import Any
 
-from embodied_bus.actions.model import Action, decode_action
-from embodied_bus.actions.policy import PermanentFailure
+from embodied_bus.actions.model import Action, ActionError, decode_action
+from embodied_bus.actions.policy import DEFAULT_RETRY, PermanentFailure, RetryPolicy
 from embodied_bus.actions.service import EXECUTOR_GROUP, SERVICE
 from embodied_bus.bus import Bus
+from embodied_bus.errors import BusConnectionError
 from embodied_bus.security.signing import ActionRejected, Verifier
 
 __all__ = ["ActionContext", "Executor", "Handler"]
@@ -37,8 +38,15 @@ class ActionContext:
         self.cancelled = asyncio.Event()
 
     def feedback(self, data: Any) -> None:
-        """Send progress to the planner (JSON-compatible)."""
-        self._executor.bus.engine.notify(f"actions/fb/{self.action.id}", json.dumps(data).encode())
+        """Send progress to the planner (JSON-compatible; best effort, never blocks)."""
+        payload = json.dumps(data).encode()
+        link = self._executor._pulsar
+        if link is None:
+            self._executor.bus.engine.notify(f"actions/fb/{self.action.id}", payload)
+            return
+        task = asyncio.ensure_future(link.feedback(self.action.id, payload))
+        self._executor._background.add(task)
+        task.add_done_callback(self._executor._background.discard)
 
     async def checkpoint(self, state: Any) -> None:
         """Save resumable progress durably; a retry elsewhere starts from it."""
@@ -61,6 +69,8 @@ class Executor:
         verifier: Accept only actions signed by a key the allow-list permits for their kind;
             anything else is dead-lettered with the reason before a handler sees it (None: run
             unsigned actions too).
+        policy: Retry policy on Pulsar, where executors apply it (on Zenoh the queue
+            service's policy applies).
     """
 
     def __init__(
@@ -71,8 +81,15 @@ class Executor:
         concurrency: int = 1,
         labels: dict[str, str] | None = None,
         verifier: Verifier | None = None,
+        policy: RetryPolicy = DEFAULT_RETRY,
     ) -> None:
         self.verifier = verifier
+        self._pulsar: Any = None
+        self._background: set[asyncio.Future[None]] = set()
+        if bus.engine.name == "pulsar":
+            from embodied_bus.actions.pulsar_queue import PulsarActionQueue
+
+            self._pulsar = PulsarActionQueue(bus.engine, policy, concurrency=concurrency)  # type: ignore[arg-type]
         #: Outcomes the queue did not accept (lease lost or service unreachable).
         self.unreported = 0
         self.bus = bus
@@ -94,6 +111,14 @@ class Executor:
         return register
 
     async def _call(self, req: dict[str, Any]) -> dict[str, Any]:
+        if self._pulsar is not None:
+            try:
+                out: dict[str, Any] = await self._pulsar.call(req)
+            except BusConnectionError as err:
+                raise ConnectionError(str(err)) from err
+            except (ActionError, KeyError) as err:
+                raise RuntimeError(str(err)) from err
+            return out
         raw = await self.bus.engine.request(SERVICE, json.dumps(req).encode(), 5.0)
         if raw is None:
             raise ConnectionError("no action queue service answered")
@@ -186,9 +211,16 @@ class Executor:
         def woken(_topic: str, _payload: bytes) -> None:
             loop.call_soon_threadsafe(self._wake.set)
 
-        subs = [self.bus.engine.listen(f"actions/wake/{k}", woken) for k in kinds]
         group = await self.bus.engine.watch_group(EXECUTOR_GROUP, lambda *_: None)
-        await group.announce(self.name, "up")
+        if self._pulsar is not None:
+            from embodied_bus.actions.pulsar_queue import executors_with
+
+            subs = []
+            self._pulsar.live_executors = lambda kind: executors_with(group.members(), kind)
+            await self._pulsar.listen_wake(lambda: woken("", b""))
+        else:
+            subs = [self.bus.engine.listen(f"actions/wake/{k}", woken) for k in kinds]
+        await group.announce(self.name, json.dumps({"kinds": kinds}))
         running: set[asyncio.Task[None]] = set()
         try:
             while not stop.is_set():
@@ -223,3 +255,5 @@ class Executor:
             for s in subs:
                 s.undeclare()
             await group.leave()
+            if self._pulsar is not None:
+                await self._pulsar.close()  # prefetched actions go back to the others

@@ -93,6 +93,11 @@ async def run_queue(args: argparse.Namespace) -> int:
     stop = asyncio.Event()
     install_stop_signals(stop)
     async with open_bus(args.bus, namespace=args.ns) as bus:
+        if bus.engine.name == "pulsar":
+            raise BusConfigError(
+                "no queue service is needed on Pulsar: planners and executors use its topics "
+                "directly (see embodied_bus.actions.pulsar_queue); run `embodied-bus queue` on Zenoh"
+            )
         ready = asyncio.Event()
         task = asyncio.create_task(QueueService(bus, args.db).run(stop, ready))
         await ready.wait()
@@ -130,33 +135,36 @@ async def run_send(args: argparse.Namespace) -> int:
         signer = (
             Signer(load_private_key(args.sign), ttl_s=args.ttl, audience=bus.namespace) if args.sign else None
         )
-        planner = Planner(bus, signer=signer)
-        h = await planner.submit(
-            args.kind, payload, priority=args.priority, deadline_s=args.deadline, idempotency_key=args.key
+        async with Planner(bus, signer=signer) as planner:
+            return await _send(args, planner, payload)
+
+
+async def _send(args: argparse.Namespace, planner: Planner, payload: Any) -> int:
+    """Submit one action; with --wait print its outcome."""
+    h = await planner.submit(
+        args.kind, payload, priority=args.priority, deadline_s=args.deadline, idempotency_key=args.key
+    )
+    if not args.wait:
+        print(json.dumps({"id": h.id, "duplicate": h.duplicate}))
+        return 0
+    done = await h.result(timeout_s=args.timeout)
+    print(
+        json.dumps(
+            {
+                "id": done.id,
+                "status": done.status.value,
+                "result": done.result,
+                "attempts": [
+                    {"executor": a.executor, "outcome": a.outcome, "reason": a.reason} for a in done.attempts
+                ],
+            }
         )
-        if not args.wait:
-            print(json.dumps({"id": h.id, "duplicate": h.duplicate}))
-            return 0
-        done = await h.result(timeout_s=args.timeout)
-        print(
-            json.dumps(
-                {
-                    "id": done.id,
-                    "status": done.status.value,
-                    "result": done.result,
-                    "attempts": [
-                        {"executor": a.executor, "outcome": a.outcome, "reason": a.reason}
-                        for a in done.attempts
-                    ],
-                }
-            )
-        )
-        return 0 if done.status.value == "succeeded" else 1
+    )
+    return 0 if done.status.value == "succeeded" else 1
 
 
 async def run_dlq(args: argparse.Namespace) -> int:
-    async with open_bus(args.bus, namespace=args.ns) as bus:
-        planner = Planner(bus)
+    async with open_bus(args.bus, namespace=args.ns) as bus, Planner(bus) as planner:
         if args.what in ("show", "requeue") and not args.id:
             raise BusConfigError(f"dlq {args.what} needs an action id")
         if args.what == "list":
@@ -193,8 +201,7 @@ async def run_actions(args: argparse.Namespace) -> int:
     stop = asyncio.Event()
     install_stop_signals(stop)
     t0 = time.monotonic()
-    async with open_bus(args.bus, namespace=args.ns) as bus:
-        planner = Planner(bus)
+    async with open_bus(args.bus, namespace=args.ns) as bus, Planner(bus) as planner:
         while not stop.is_set():
             reply = await planner.backlog()
             rows = [{"kind/priority": k, **v} for k, v in sorted(reply["backlog"].items())]

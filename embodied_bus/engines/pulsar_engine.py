@@ -305,12 +305,16 @@ class _PulsarGroup(GroupMembership):
     async def leave(self) -> None:
         self._stop.set()
         if self._producer is not None and self._me is not None:
+            # Asynchronous send with a bounded wait: a blocking send on a client that is being
+            # closed can hang forever (the others then see this member expire instead).
+            sent = threading.Event()
             try:
-                await asyncio.to_thread(
-                    self._producer.send,
+                self._producer.send_async(
                     b"",
+                    lambda *_: sent.set(),
                     properties={"member": self._me[0], "value": self._me[1], "state": "left"},
                 )
+                await asyncio.to_thread(sent.wait, 2.0)
                 await asyncio.to_thread(self._producer.close)
             except pulsar.PulsarException:
                 pass

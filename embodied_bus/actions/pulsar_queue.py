@@ -1,0 +1,890 @@
+"""The action queue on Apache Pulsar: no queue service, the queue is Pulsar's.
+
+Topics (``<t>/<ns>`` is the bus's Pulsar tenant and namespace, ``<bus>`` its namespace)::
+
+    persistent://<t>/<ns>/eb.<bus>.actions.q<P>          one per priority level P = 0..9;
+                                                          Shared subscription "eb-executors"
+    persistent://<t>/<ns>/eb.<bus>.actions.state         event log, key = action id: every state
+                                                          change as a full action snapshot
+    persistent://<t>/<ns>/eb.<bus>.actions.dlq           dead-letter topic (with every attempt)
+    non-persistent://<t>/<ns>/eb.<bus>.actions.reply.<planner>   feedback and results of the
+                                                          actions of one planner (on demand)
+
+Semantics, and why they are not Pulsar's own:
+
+* **Priorities.** Pulsar has none, so each level is a topic and an executor with a free slot
+  takes the highest level it holds first (RocketMQ's priority queues). Consumers use
+  ``receiver_queue_size`` = :data:`RECEIVER_QUEUE_SIZE` (1) and take one message per level
+  until it is leased, so a backlog stays with the broker (which hands it to whichever executor
+  asks next) and a busy executor holds at most two unstarted actions per level.
+* **Attempts** are counted by embodied_bus in the action itself (``attempts`` in the envelope,
+  ``eb-attempts`` in the message properties, and the state log). Pulsar's redelivery counter
+  does not count consumer crashes and resets on a broker restart: an executor that receives a
+  message whose state shows an attempt still open (its executor died, the broker redelivered
+  the message on disconnect) closes that attempt as ``lost`` before it starts the next.
+* **Retries** are republished with ``deliver_after`` = the policy's backoff (Pulsar's retry-letter
+  pattern) and the original is acknowledged; an executor that already failed an action gives it
+  back with a negative ack while another live executor with that capability exists, so the retry
+  runs elsewhere. The client's ``dead_letter_policy`` is not used: it counts broker redeliveries.
+* **Dead letters** go to the DLQ topic (subscription ``eb-dlq``) and the state log with the
+  reason of every attempt; ``requeue`` gives an action a fresh attempt budget.
+* **Executor death** is Pulsar's consumer disconnect: the broker redelivers what it held.
+* **Durability**: each submitted action is on the state log and its priority topic before
+  ``submit`` returns (Pulsar acknowledges persisted messages); a batch is not atomic.
+* **Results** are on the state log (a planner that was away reads them back with ``get``) and
+  are sent to the submitting planner's reply topic.
+
+The state log is read from its start by every planner and executor (a materialized view); a
+durable subscription (``eb-state-keeper``) keeps it from being deleted. Fleets should enable
+topic compaction on it (one snapshot per action id is all that is needed).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import heapq
+import json
+import logging
+import threading
+import time
+import uuid
+from collections import OrderedDict
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, replace
+from typing import Any
+
+import pulsar
+
+from embodied_bus.actions.model import (
+    Action,
+    ActionError,
+    ActionStatus,
+    Attempt,
+    decode_action,
+    encode_action,
+)
+from embodied_bus.actions.policy import DEFAULT_RETRY, RetryPolicy
+from embodied_bus.engines.pulsar_engine import PulsarEngine
+from embodied_bus.errors import BusConnectionError
+
+__all__ = [
+    "EXECUTOR_SUBSCRIPTION",
+    "PRIORITY_LEVELS",
+    "RECEIVER_QUEUE_SIZE",
+    "ActionTopics",
+    "PulsarActionQueue",
+    "StateLog",
+]
+
+_log = logging.getLogger("embodied_bus.actions.pulsar")
+
+#: Priority levels, one topic each; consumed highest first.
+PRIORITY_LEVELS = tuple(range(10))
+#: The Shared subscription every executor consumes the priority topics with.
+EXECUTOR_SUBSCRIPTION = "eb-executors"
+#: Messages a consumer prefetches per priority topic (1: idle executors do not hoard work).
+RECEIVER_QUEUE_SIZE = 1
+#: Durable subscription that keeps the state log (never acknowledged).
+STATE_KEEPER = "eb-state-keeper"
+#: Subscription of the dead-letter topic (acknowledged by ``requeue`` and ``purge``).
+DLQ_SUBSCRIPTION = "eb-dlq"
+#: Delay before an action given back with a negative ack is offered again, milliseconds.
+NACK_REDELIVERY_MS = 50
+#: How often an executor gives an action back so another executor retries it, at most.
+MAX_HANDBACKS = 20
+#: How long the state log producer gathers records into one stored batch, milliseconds.
+STATE_BATCH_DELAY_MS = 1
+#: Producers to planners' reply topics an executor keeps open.
+REPLY_PRODUCERS = 64
+
+
+@dataclass(frozen=True, slots=True)
+class ActionTopics:
+    """Topic names of one bus namespace."""
+
+    prefix: str
+    np_prefix: str
+
+    @classmethod
+    def of(cls, engine: PulsarEngine) -> ActionTopics:
+        s = engine.settings
+        base = f"{s.tenant}/{s.pulsar_namespace}/eb.{s.namespace}.actions"
+        return cls(f"persistent://{base}", f"non-persistent://{base}")
+
+    def queue(self, priority: int) -> str:
+        return f"{self.prefix}.q{priority}"
+
+    @property
+    def state(self) -> str:
+        return f"{self.prefix}.state"
+
+    @property
+    def dlq(self) -> str:
+        return f"{self.prefix}.dlq"
+
+    def reply(self, planner: str) -> str:
+        return f"{self.np_prefix}.reply.{planner}"
+
+
+def _to_thread_error(what: str, err: Exception) -> BusConnectionError:
+    return BusConnectionError(f"Pulsar action queue: {what} failed: {err}")
+
+
+class StateLog:
+    """A materialized view of the state topic (latest snapshot per action), read from its start
+    on a thread; :meth:`sync` waits until everything published before the call is applied."""
+
+    def __init__(self, engine: PulsarEngine, topics: ActionTopics) -> None:
+        self._engine = engine
+        self._topics = topics
+        self.actions: dict[str, Action] = {}
+        self.idem: dict[str, str] = {}
+        self._purged: set[str] = set()
+        self._lock = threading.Lock()
+        self._reader: Any = None
+        self._producer: Any = None
+        #: Called (on the reader thread) with each applied action.
+        self.on_update: Callable[[Action], None] | None = None
+
+    async def open(self) -> None:
+        client = self._engine.client
+
+        def on_message(_reader: Any, msg: Any) -> None:  # client listener thread
+            try:
+                self._apply(msg)
+            except Exception as err:  # a bad record never stops the view
+                _log.warning("state record not applied: %s", err)
+
+        try:
+            self._producer = await asyncio.to_thread(
+                client.create_producer,
+                self._topics.state,
+                # state records of concurrent actions share one stored entry (readers only: no
+                # consumer acknowledges single records, so batches are harmless here)
+                batching_enabled=True,
+                batching_max_publish_delay_ms=STATE_BATCH_DELAY_MS,
+                block_if_queue_full=True,
+            )
+            self._reader = await asyncio.to_thread(
+                client.create_reader,
+                self._topics.state,
+                pulsar.MessageId.earliest,
+                reader_listener=on_message,
+                receiver_queue_size=1000,
+            )
+        except pulsar.PulsarException as err:
+            raise _to_thread_error("opening the state log", err) from err
+        await self.sync()
+
+    def _apply(self, msg: Any) -> None:
+        props = msg.properties()
+        event = props.get("eb-event", "snapshot")
+        aid = msg.partition_key()
+        with self._lock:
+            old = self.actions.get(aid)
+            if event == "cancel":
+                if old is not None and not old.status.terminal:
+                    old.cancel_requested = True
+                    changed: Action | None = old
+                else:
+                    changed = None
+                    if old is None:
+                        self._purged.discard(aid)
+                        self.actions[aid] = Action("unknown", id=aid, cancel_requested=True)
+            elif event == "purge":
+                for dead in json.loads(msg.data()):
+                    a = self.actions.get(dead)
+                    if a is not None and a.status is ActionStatus.DEAD:
+                        del self.actions[dead]
+                changed = None
+            else:
+                try:
+                    new = decode_action(msg.data())
+                except ActionError as err:
+                    _log.warning("ignored a malformed state record %s: %s", aid, err)
+                    return
+                if old is not None and old.kind != "unknown":
+                    if old.status.terminal and event != "requeue":
+                        return  # terminal is final (a late duplicate snapshot changes nothing)
+                    if event != "requeue" and (
+                        new.budget_from < old.budget_from
+                        or (new.budget_from == old.budget_from and len(new.attempts) < len(old.attempts))
+                    ):
+                        return  # older than what is known (the submit and the first start race)
+                    new.cancel_requested = new.cancel_requested or old.cancel_requested
+                elif old is not None:  # a cancel that came before the submit
+                    new.cancel_requested = True
+                self.actions[new.id] = new
+                if new.idempotency_key and new.idempotency_key not in self.idem:
+                    self.idem[new.idempotency_key] = new.id
+                changed = new
+        if changed is not None and self.on_update is not None:
+            self.on_update(changed)
+
+    async def sync(self, timeout_s: float = 10.0) -> None:
+        """Wait until every state record published before this call is applied (the reader has
+        read up to the topic's last message id, asked from the broker).
+
+        Raises:
+            BusConnectionError: The state log did not catch up within ``timeout_s``.
+        """
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + timeout_s
+        while True:
+            try:
+                behind = await asyncio.to_thread(self._reader.has_message_available)
+            except pulsar.PulsarException as err:
+                behind = True
+                if loop.time() > deadline:
+                    raise _to_thread_error("reading the state log", err) from err
+            if not behind:
+                with self._lock:  # a record being applied right now finishes first
+                    return
+            if loop.time() > deadline:
+                raise BusConnectionError(
+                    f"the Pulsar action state log did not catch up within {timeout_s:g} s"
+                )
+            await asyncio.sleep(0.001)
+
+    def get(self, action_id: str) -> Action | None:
+        with self._lock:
+            a = self.actions.get(action_id)
+            return None if a is None or a.kind == "unknown" else _copy(a)
+
+    def snapshot(self) -> list[Action]:
+        with self._lock:
+            return [_copy(a) for a in self.actions.values() if a.kind != "unknown"]
+
+    async def publish(self, action: Action, event: str = "snapshot") -> None:
+        """Append a snapshot of ``action`` (persisted when this returns)."""
+        await _send(
+            self._producer, encode_action(action), partition_key=action.id, properties={"eb-event": event}
+        )
+
+    async def publish_event(self, action_id: str, event: str, data: bytes = b"") -> None:
+        await _send(self._producer, data, partition_key=action_id, properties={"eb-event": event})
+
+    async def close(self) -> None:
+        for h in (self._reader, self._producer):
+            if h is not None:
+                try:
+                    await asyncio.to_thread(h.close)
+                except pulsar.PulsarException:
+                    pass
+
+
+def _resolve(fut: asyncio.Future[None]) -> None:
+    if not fut.done():
+        fut.set_result(None)
+
+
+def _copy(a: Action) -> Action:
+    return replace(a, attempts=list(a.attempts), selector=dict(a.selector))
+
+
+async def _send(producer: Any, data: bytes, **kwargs: Any) -> None:
+    """Send and wait for the broker's acknowledgement without blocking the event loop."""
+    loop = asyncio.get_running_loop()
+    fut: asyncio.Future[None] = loop.create_future()
+
+    def sent(result: Any, _msg_id: Any) -> None:
+        def settle() -> None:
+            if fut.done():
+                return
+            if result == pulsar.Result.Ok:
+                fut.set_result(None)
+            else:
+                fut.set_exception(BusConnectionError(f"Pulsar did not persist an action message: {result}"))
+
+        loop.call_soon_threadsafe(settle)
+
+    producer.send_async(data, sent, **kwargs)
+    await fut
+
+
+class _Producers:
+    """Producers created on first use (thread-safe), closed together."""
+
+    def __init__(self, client: Any, *, limit: int | None = None, **options: Any) -> None:
+        self._client = client
+        self._options = options
+        self._limit = limit
+        self._open: OrderedDict[str, Any] = OrderedDict()
+        self._lock = asyncio.Lock()
+
+    async def get(self, topic: str) -> Any:
+        p = self._open.get(topic)
+        if p is not None:
+            self._open.move_to_end(topic)
+            return p
+        async with self._lock:
+            if topic not in self._open:
+                try:
+                    self._open[topic] = await asyncio.to_thread(
+                        self._client.create_producer, topic, batching_enabled=False, **self._options
+                    )
+                except pulsar.PulsarException as err:
+                    raise _to_thread_error(f"creating a producer on {topic}", err) from err
+                while self._limit is not None and len(self._open) > self._limit:
+                    _, old = self._open.popitem(last=False)
+                    await asyncio.to_thread(old.close)
+            return self._open[topic]
+
+    async def close(self) -> None:
+        for p in self._open.values():
+            try:
+                await asyncio.to_thread(p.close)
+            except pulsar.PulsarException:
+                pass
+        self._open.clear()
+
+
+class PulsarActionQueue:
+    """The planner's and the executor's end of the action queue on Pulsar.
+
+    It answers the same JSON requests as the Zenoh queue service (``submit``, ``get``,
+    ``cancel``, ``backlog``, ``dlq``; ``lease``, ``extend``, ``checkpoint``, ``ack``, ``nack``),
+    computed locally against Pulsar topics, so :class:`~embodied_bus.actions.Planner` and
+    :class:`~embodied_bus.actions.Executor` work unchanged on both engines.
+
+    Args:
+        engine: An open Pulsar engine.
+        policy: Retry policy (backoff, attempt limit).
+        concurrency: Executor side: handlers run at once (informational; the executor leases).
+    """
+
+    def __init__(
+        self, engine: PulsarEngine, policy: RetryPolicy = DEFAULT_RETRY, *, concurrency: int = 1
+    ) -> None:
+        self.engine = engine
+        self.policy = policy
+        self.topics = ActionTopics.of(engine)
+        self.state = StateLog(engine, self.topics)
+        self.name = uuid.uuid4().hex[:12]
+        self._client = engine.client
+        self._producers = _Producers(engine.client, block_if_queue_full=True)
+        self._reply_producers = _Producers(engine.client, limit=REPLY_PRODUCERS, block_if_queue_full=False)
+        self._started = False
+        self._start_lock = asyncio.Lock()
+        self._reply_consumer: Any = None
+        self._listeners: dict[str, list[Callable[[str, bytes], None]]] = {}
+        self._result_listener: Callable[[str, bytes], None] | None = None
+        self._wake_callbacks: list[Callable[[], None]] = []
+        # executor side
+        self.concurrency = concurrency
+        self._consumers: dict[int, Any] = {}
+        self._ready: list[tuple[int, int, Any]] = []  # (-priority, seq, message)
+        self._ready_lock = threading.Lock()
+        self._taken = threading.Condition(self._ready_lock)
+        self._waiting: set[int] = set()  # levels with a received message not yet leased
+        self._held: dict[str, tuple[Any, Action, str, Any]] = {}  # id -> (msg, action, reply, consumer)
+        self._seq = 0
+        self._pull_threads: list[threading.Thread] = []
+        self._stop = threading.Event()
+        self._handbacks: dict[str, int] = {}
+        self.live_executors: Callable[[str], list[str]] = lambda _kind: []
+
+    # ------------------------------------------------------------------ set-up
+    async def start(self) -> None:
+        """Open the state log and make sure the durable subscriptions exist (idempotent)."""
+        async with self._start_lock:
+            if self._started:
+                return
+            await self._ensure_subscriptions()
+            await self.state.open()
+            self._started = True
+
+    async def _ensure_subscriptions(self) -> None:
+        """Create the durable subscriptions before anything is published (Pulsar keeps messages
+        only for existing subscriptions)."""
+
+        def create() -> None:
+            wanted = [(self.topics.queue(p), EXECUTOR_SUBSCRIPTION) for p in PRIORITY_LEVELS]
+            wanted += [(self.topics.state, STATE_KEEPER), (self.topics.dlq, DLQ_SUBSCRIPTION)]
+            for topic, sub in wanted:
+                c = self._client.subscribe(
+                    topic,
+                    sub,
+                    consumer_type=pulsar.ConsumerType.Shared,
+                    initial_position=pulsar.InitialPosition.Earliest,
+                    receiver_queue_size=1,
+                )
+                c.close()
+
+        try:
+            await asyncio.to_thread(create)
+        except pulsar.PulsarException as err:
+            raise _to_thread_error("creating the queue subscriptions", err) from err
+
+    async def close(self) -> None:
+        self._stop.set()
+        with self._taken:
+            self._taken.notify_all()
+        for t in self._pull_threads:
+            await asyncio.to_thread(t.join, 2.0)
+        handles = [*self._consumers.values(), self._reply_consumer]
+        for h in handles:
+            if h is not None:
+                try:
+                    await asyncio.to_thread(h.close)
+                except pulsar.PulsarException:
+                    pass
+        await self._producers.close()
+        await self._reply_producers.close()
+        await self.state.close()
+
+    # ------------------------------------------------------------------ the JSON requests
+    async def call(self, req: dict[str, Any]) -> dict[str, Any]:
+        """Answer one queue request (the same ops as the Zenoh queue service).
+
+        Raises:
+            ActionError: An invalid request or action (the message says why).
+            BusConnectionError: Pulsar did not answer.
+        """
+        await self.start()
+        op = req.get("op")
+        handler = getattr(self, f"_op_{op}", None)
+        if handler is None:
+            raise ActionError(f"unknown request {op!r}")
+        out: dict[str, Any] = await handler(req)
+        return {"ok": True, **out}
+
+    async def _op_submit(self, req: dict[str, Any]) -> dict[str, Any]:
+        actions = [decode_action(json.dumps(env)) for env in req["actions"]]
+        if any(a.idempotency_key for a in actions):
+            await self.state.sync()
+        out = []
+        now = time.time_ns()
+        reply_to = self.topics.reply(self.name)
+        fresh: list[Action] = []
+        for a in actions:
+            key = a.idempotency_key
+            first_id = self.state.idem.get(key) if key else None
+            if first_id is None and key and any(f.idempotency_key == key for f in fresh):
+                first_id = next(f.id for f in fresh if f.idempotency_key == key)
+            if first_id is not None:
+                first = self.state.get(first_id)
+                status = first.status.value if first else ActionStatus.QUEUED.value
+                out.append({"id": first_id, "duplicate": True, "status": status})
+                continue
+            a.status = ActionStatus.QUEUED
+            a.created_ns = a.created_ns or now
+            a.attempts = []
+            fresh.append(a)
+            out.append({"id": a.id, "duplicate": False, "status": a.status.value})
+        # the state log and the priority topics, pipelined; both persisted before this returns
+        await asyncio.gather(
+            *(self.state.publish(a) for a in fresh), *(self._enqueue(a, reply_to) for a in fresh)
+        )
+        for a in fresh:
+            if a.idempotency_key:
+                self.state.idem.setdefault(a.idempotency_key, a.id)
+        return {"actions": out}
+
+    async def _enqueue(self, a: Action, reply_to: str, deliver_after_s: float = 0.0) -> None:
+        producer = await self._producers.get(self.topics.queue(a.priority))
+        props = {"eb-attempts": str(a.attempt_count), "eb-reply-to": reply_to, "eb-kind": a.kind}
+        kwargs: dict[str, Any] = {"partition_key": a.id, "properties": props}
+        if deliver_after_s > 0:
+            # the broker delays by whole ticks (delayedDeliveryTickTimeMillis, 1 s by default) and
+            # delivers shorter delays at once; the executor waits out the rest (eb-not-before-ns)
+            kwargs["deliver_after"] = _timedelta(deliver_after_s)
+            props["eb-not-before-ns"] = str(time.time_ns() + int(deliver_after_s * 1e9))
+        await _send(producer, encode_action(a), **kwargs)
+
+    async def _op_get(self, req: dict[str, Any]) -> dict[str, Any]:
+        await self.state.sync()
+        a = self.state.get(str(req["id"]))
+        return {"action": json.loads(encode_action(a)) if a else None}
+
+    async def _op_cancel(self, req: dict[str, Any]) -> dict[str, Any]:
+        aid = str(req["id"])
+        await self.state.sync()
+        if self.state.get(aid) is None:
+            return {"action": None}
+        await self.state.publish_event(aid, "cancel")
+        await self.state.sync()
+        a = self.state.get(aid)
+        if a is not None and a.status in (ActionStatus.QUEUED, ActionStatus.RETRYING):
+            # Removed from the queue: its message is skipped (acknowledged) by whichever
+            # executor receives it; a snapshot that says otherwise comes too late to count.
+            a.status = ActionStatus.CANCELED
+            await self.state.publish(a)
+            if self._result_listener is not None:
+                self._result_listener(f"actions/result/{aid}", encode_action(a))
+        return {"action": json.loads(encode_action(a)) if a else None}
+
+    async def _op_backlog(self, _req: dict[str, Any]) -> dict[str, Any]:
+        await self.state.sync()
+        backlog: dict[str, dict[str, int]] = {}
+        stats: dict[str, int] = {}
+        for a in self.state.snapshot():
+            name = {"running": "leased"}.get(a.status.value, a.status.value)
+            row = backlog.setdefault(
+                f"{a.kind}/p{a.priority}", {"queued": 0, "leased": 0, "retrying": 0, "dead": 0}
+            )
+            row[name] = row.get(name, 0) + 1
+            stats[a.status.value] = stats.get(a.status.value, 0) + 1
+        return {"backlog": backlog, "stats": stats}
+
+    async def _op_dlq(self, req: dict[str, Any]) -> dict[str, Any]:
+        what = req.get("what", "list")
+        await self.state.sync()
+        dead = sorted(
+            (a for a in self.state.snapshot() if a.status is ActionStatus.DEAD), key=lambda a: a.created_ns
+        )
+        if what == "list":
+            return {"actions": [json.loads(encode_action(a)) for a in dead]}
+        if what == "requeue":
+            aid = str(req["id"])
+            found = [a for a in dead if a.id == aid]
+            if not found:
+                raise ActionError(f"action {aid} is not in the dead-letter queue")
+            a = found[0]
+            now = time.time_ns()
+            a.status = ActionStatus.QUEUED
+            a.deadline_ns = 0 if a.deadline_ns and a.deadline_ns < now else a.deadline_ns
+            a.budget_from = a.attempt_count
+            a.cancel_requested = False
+            await self.state.publish(a, "requeue")
+            await self._enqueue(a, self.topics.reply(self.name))
+            await asyncio.to_thread(self._ack_dead_letters, {aid})
+            return {"id": a.id}
+        if what == "purge":
+            ids = [a.id for a in dead]
+            await self.state.publish_event("purge", "purge", json.dumps(ids).encode())
+            await asyncio.to_thread(self._ack_dead_letters, set(ids))
+            await self.state.sync()
+            return {"purged": len(ids)}
+        raise ActionError(f"unknown dlq request {what!r}")
+
+    def _ack_dead_letters(self, ids: set[str]) -> None:
+        """Acknowledge the given actions on the DLQ subscription (others stay)."""
+        c = self._client.subscribe(
+            self.topics.dlq,
+            DLQ_SUBSCRIPTION,
+            consumer_type=pulsar.ConsumerType.Shared,
+            receiver_queue_size=100,
+        )
+        try:
+            while True:
+                try:
+                    msg = c.receive(timeout_millis=300)
+                except pulsar.Timeout:
+                    return
+                if msg.partition_key() in ids:
+                    c.acknowledge(msg)
+        finally:
+            c.close()
+
+    # ------------------------------------------------------------------ replies (planner side)
+    async def listen_results(self, callback: Callable[[str, bytes], None]) -> None:
+        """Results of this planner's actions: ``callback(action_id, envelope)`` on a client thread."""
+        self._result_listener = callback
+        await self._open_replies()
+
+    async def listen_feedback(
+        self, action_id: str, callback: Callable[[str, bytes], None]
+    ) -> Callable[[], None]:
+        """Feedback and result of one action; returns a function that stops listening."""
+        self._listeners.setdefault(action_id, []).append(callback)
+        await self._open_replies()
+
+        def stop() -> None:
+            cbs = self._listeners.get(action_id, [])
+            if callback in cbs:
+                cbs.remove(callback)
+            if not cbs:
+                self._listeners.pop(action_id, None)
+
+        return stop
+
+    async def _open_replies(self) -> None:
+        await self.start()
+        if self._reply_consumer is not None:
+            return
+
+        def on_reply(consumer: Any, msg: Any) -> None:
+            consumer.acknowledge(msg)
+            props = msg.properties()
+            aid, event = props.get("eb-id", ""), props.get("eb-event", "")
+            topic = f"actions/{'result' if event == 'result' else 'fb'}/{aid}"
+            if event == "result" and self._result_listener is not None:
+                self._result_listener(topic, msg.data())
+            for cb in list(self._listeners.get(aid, [])):
+                cb(topic, msg.data())
+
+        try:
+            self._reply_consumer = await asyncio.to_thread(
+                self._client.subscribe,
+                self.topics.reply(self.name),
+                f"eb-planner-{self.name}",
+                consumer_type=pulsar.ConsumerType.Exclusive,
+                message_listener=on_reply,
+            )
+        except pulsar.PulsarException as err:
+            raise _to_thread_error("opening the reply topic", err) from err
+
+    async def _reply(self, reply_to: str, action_id: str, event: str, data: bytes) -> None:
+        if not reply_to:
+            return
+        try:
+            producer = await self._reply_producers.get(reply_to)
+            producer.send_async(data, None, properties={"eb-id": action_id, "eb-event": event})
+        except (BusConnectionError, pulsar.PulsarException) as err:  # the planner's reply topic is gone
+            _log.debug("reply to %s not sent: %s", reply_to, err)
+
+    async def feedback(self, action_id: str, data: bytes) -> None:
+        """Executor side: send feedback to the planner that submitted ``action_id``."""
+        held = self._held.get(action_id)
+        if held is not None:
+            await self._reply(held[2], action_id, "fb", data)
+
+    # ------------------------------------------------------------------ executor side
+    async def listen_wake(self, callback: Callable[[], None]) -> None:
+        """Call ``callback`` (on a receiving thread) when an action is ready to lease."""
+        self._wake_callbacks.append(callback)
+        await self.start()
+        await self._open_consumers()
+
+    async def _open_consumers(self) -> None:
+        if self._consumers:
+            return
+
+        def subscribe(priority: int) -> Any:
+            return self._client.subscribe(
+                self.topics.queue(priority),
+                EXECUTOR_SUBSCRIPTION,
+                consumer_type=pulsar.ConsumerType.Shared,
+                receiver_queue_size=RECEIVER_QUEUE_SIZE,
+                negative_ack_redelivery_delay_ms=NACK_REDELIVERY_MS,
+                initial_position=pulsar.InitialPosition.Earliest,
+                consumer_name=self.name,
+            )
+
+        try:
+            for p in sorted(PRIORITY_LEVELS, reverse=True):
+                self._consumers[p] = await asyncio.to_thread(subscribe, p)
+        except pulsar.PulsarException as err:
+            raise _to_thread_error("subscribing to the priority topics", err) from err
+        for priority, consumer in self._consumers.items():
+            t = threading.Thread(
+                target=self._pull, args=(priority, consumer), name=f"eb-actions-q{priority}", daemon=True
+            )
+            self._pull_threads.append(t)
+            t.start()
+
+    def _pull(self, priority: int, consumer: Any) -> None:
+        """One thread per level: receive one message and wait until the executor leases it.
+
+        With a receiver queue of 1 an executor holds at most two messages per level that it has
+        not started (one here, one prefetched), so a backlog stays with the broker, which hands
+        it to whichever executor asks next; the executor leases the highest level first.
+        """
+        while not self._stop.is_set():
+            with self._taken:
+                while priority in self._waiting and not self._stop.is_set():
+                    self._taken.wait(0.5)
+            if self._stop.is_set():
+                return
+            try:
+                msg = consumer.receive(timeout_millis=200)
+            except pulsar.Timeout:
+                continue
+            except pulsar.PulsarException as err:
+                if self._stop.is_set() or self.engine._closed:
+                    return
+                _log.warning("receive from priority %d failed: %s", priority, err)
+                self._stop.wait(0.2)
+                continue
+            with self._taken:
+                self._seq += 1
+                heapq.heappush(self._ready, (-priority, self._seq, msg))
+                self._waiting.add(priority)
+            for cb in self._wake_callbacks:
+                cb()
+
+    def _slot_freed(self, action_id: str) -> None:
+        with self._ready_lock:
+            self._held.pop(action_id, None)
+
+    async def _op_lease(self, req: dict[str, Any]) -> dict[str, Any]:
+        await self._open_consumers()
+        executor = str(req["executor"])
+        kinds = set(req["kinds"])
+        labels = req.get("labels") or {}
+        want = int(req.get("max", 1))
+        out: list[dict[str, Any]] = []
+        while len(out) < want:
+            with self._taken:
+                if not self._ready:
+                    break
+                neg_priority, _, msg = heapq.heappop(self._ready)
+                self._waiting.discard(-neg_priority)
+                self._taken.notify_all()
+            started = await self._start(msg, executor, kinds, labels)
+            if started is not None:
+                out.append(json.loads(encode_action(started)))
+        return {"action": out[0] if out else None, "actions": out}
+
+    async def _start(self, msg: Any, executor: str, kinds: set[str], labels: dict[str, str]) -> Action | None:
+        """Turn a received message into a started attempt, or settle it (skip, expire, hand back)."""
+        consumer = self._consumers[int(msg.topic_name().rsplit(".q", 1)[-1])]
+        props = msg.properties()
+        reply_to = props.get("eb-reply-to", "")
+        try:
+            env = decode_action(msg.data())
+        except ActionError as err:
+            _log.warning("dead-lettered an unreadable queue message: %s", err)
+            await _send(
+                await self._producers.get(self.topics.dlq), msg.data(), properties={"eb-error": str(err)}
+            )
+            consumer.acknowledge(msg)
+            return None
+        if msg.redelivery_count() > 0:  # an earlier delivery may have started it: read its state
+            await self.state.sync()
+        view = self.state.get(env.id)
+        now = time.time_ns()
+        if view is not None and view.status.terminal and view.budget_from >= env.budget_from:
+            consumer.acknowledge(msg)  # already settled (a duplicate delivery, or canceled)
+            return None
+        if view is not None and (view.budget_from, len(view.attempts)) > (env.budget_from, len(env.attempts)):
+            a = view  # a redelivery: the state log knows more (attempts, checkpoint)
+        else:
+            a = env  # the message is at least as new as this executor's view
+            a.cancel_requested = a.cancel_requested or bool(view and view.cancel_requested)
+        if a.kind not in kinds or not all(labels.get(k) == v for k, v in a.selector.items()):
+            consumer.negative_acknowledge(msg)  # another executor serves this kind or selector
+            return None
+        for i, att in enumerate(a.attempts):  # an attempt left open: its executor died
+            if att.ended_ns == 0:
+                a.attempts[i] = replace(
+                    att,
+                    ended_ns=now,
+                    outcome="lost",
+                    reason=f"executor {att.executor} stopped answering (disconnected or process died)",
+                )
+        if a.cancel_requested:
+            a.status = ActionStatus.CANCELED
+            await self._settle(a, msg, consumer, reply_to)
+            return None
+        if a.deadline_ns and a.deadline_ns < now:
+            a.attempts.append(
+                Attempt(
+                    a.attempt_count + 1, "", now, now, "expired", "deadline passed before the action started"
+                )
+            )
+            a.status = ActionStatus.DEAD
+            await self._settle(a, msg, consumer, reply_to)
+            return None
+        if self.policy.exhausted(a.attempt_count - a.budget_from):
+            a.status = ActionStatus.DEAD
+            await self._settle(a, msg, consumer, reply_to)
+            return None
+        tried = a.executors_tried()
+        fresh = set(self.live_executors(a.kind)) - tried - {executor}
+        if executor in tried and fresh and self._handbacks.get(a.id, 0) < MAX_HANDBACKS:
+            self._handbacks[a.id] = self._handbacks.get(a.id, 0) + 1
+            consumer.negative_acknowledge(msg)  # a live executor that has not failed it retries it
+            return None
+        self._handbacks.pop(a.id, None)
+        wait_s = (int(props.get("eb-not-before-ns", "0") or 0) - time.time_ns()) / 1e9
+        if wait_s > 0:  # the rest of a retry backoff the broker rounded away
+            await asyncio.sleep(wait_s)
+            now = time.time_ns()
+        a.attempts.append(Attempt(a.attempt_count + 1, executor, now))
+        a.status = ActionStatus.RUNNING
+        await self.state.publish(a)  # the attempt is counted before the handler runs
+        with self._ready_lock:
+            self._held[a.id] = (msg, a, reply_to, consumer)
+        return _copy(a)
+
+    async def _settle(self, a: Action, msg: Any, consumer: Any, reply_to: str) -> None:
+        """A terminal state: dead-letter topic (if dead), state log, reply, then ack."""
+        if a.status is ActionStatus.DEAD:
+            dlq = await self._producers.get(self.topics.dlq)
+            await _send(
+                dlq, encode_action(a), partition_key=a.id, properties={"eb-attempts": str(a.attempt_count)}
+            )
+        await self.state.publish(a)
+        await self._reply(reply_to, a.id, "result", encode_action(a))
+        consumer.acknowledge(msg)
+
+    def _holding(self, req: dict[str, Any]) -> tuple[Any, Action, str, Any]:
+        held = self._held.get(str(req["id"]))
+        if held is None or held[1].attempts[-1].executor != req["executor"]:
+            raise ActionError(f"{req['executor']} does not hold action {req['id']}")
+        return held
+
+    async def _op_extend(self, req: dict[str, Any]) -> dict[str, Any]:
+        a = self._holding(req)[1]  # Pulsar holds the message while the consumer lives
+        current = self.state.get(a.id)
+        return {"cancel_requested": bool(current and current.cancel_requested)}
+
+    async def _op_checkpoint(self, req: dict[str, Any]) -> dict[str, Any]:
+        a = self._holding(req)[1]
+        a.checkpoint = req.get("state")
+        await self.state.publish(a)
+        return {}
+
+    async def _op_ack(self, req: dict[str, Any]) -> dict[str, Any]:
+        msg, a, reply_to, consumer = self._holding(req)
+        now = time.time_ns()
+        a.attempts[-1] = replace(a.attempts[-1], ended_ns=now, outcome="ok")
+        current = self.state.get(a.id)
+        cancelled = bool(current and current.cancel_requested)
+        result = req.get("result")
+        a.status = ActionStatus.CANCELED if cancelled and result is None else ActionStatus.SUCCEEDED
+        a.result = result
+        try:
+            await self._settle(a, msg, consumer, reply_to)
+        finally:
+            self._slot_freed(a.id)
+        return {"status": a.status.value}
+
+    async def _op_nack(self, req: dict[str, Any]) -> dict[str, Any]:
+        msg, a, reply_to, consumer = self._holding(req)
+        now = time.time_ns()
+        permanent = bool(req.get("permanent"))
+        a.attempts[-1] = replace(
+            a.attempts[-1],
+            ended_ns=now,
+            outcome="rejected" if permanent else "nack",
+            reason=str(req.get("reason", "")),
+        )
+        current = self.state.get(a.id)
+        try:
+            if current is not None and current.cancel_requested:
+                a.status = ActionStatus.CANCELED
+                await self._settle(a, msg, consumer, reply_to)
+            elif permanent or self.policy.exhausted(a.attempt_count - a.budget_from):
+                a.status = ActionStatus.DEAD
+                await self._settle(a, msg, consumer, reply_to)
+            else:
+                a.status = ActionStatus.RETRYING
+                await self.state.publish(a)
+                # retry-letter pattern: the retry is a new message after the backoff, then the ack
+                await self._enqueue(a, reply_to, self.policy.backoff_s(a.attempt_count))
+                consumer.acknowledge(msg)
+        finally:
+            self._slot_freed(a.id)
+        return {"status": a.status.value}
+
+
+def _timedelta(seconds: float) -> Any:
+    from datetime import timedelta
+
+    return timedelta(seconds=seconds)
+
+
+def executors_with(members: dict[str, str], kind: str) -> list[str]:
+    """Live executors (group member → announced JSON kinds) that can run ``kind``."""
+    out = []
+    for member, value in members.items():
+        try:
+            kinds: Iterable[str] = json.loads(value).get("kinds", [])
+        except (ValueError, AttributeError):
+            kinds = []
+        if kind in kinds:
+            out.append(member)
+    return out
