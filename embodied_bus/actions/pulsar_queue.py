@@ -92,6 +92,9 @@ DLQ_SUBSCRIPTION = "eb-dlq"
 NACK_REDELIVERY_MS = 50
 #: How often an executor gives an action back so another executor retries it, at most.
 MAX_HANDBACKS = 20
+#: A message older than this is checked against the state log before it starts, seconds (a
+#: younger one was published moments ago; the log is followed continuously anyway).
+SYNC_AFTER_S = 1.0
 #: How long the state log producer gathers records into one stored batch, milliseconds.
 STATE_BATCH_DELAY_MS = 1
 #: Producers to planners' reply topics an executor keeps open.
@@ -741,7 +744,10 @@ class PulsarActionQueue:
             )
             consumer.acknowledge(msg)
             return None
-        if msg.redelivery_count() > 0:  # an earlier delivery may have started it: read its state
+        age_s = time.time() - msg.publish_timestamp() / 1000
+        if msg.redelivery_count() > 0 or age_s > SYNC_AFTER_S:
+            # An earlier delivery may have started it (Pulsar does not count a crashed
+            # consumer's deliveries): read the state log up to now before deciding.
             await self.state.sync()
         view = self.state.get(env.id)
         now = time.time_ns()
