@@ -60,6 +60,30 @@ def test_one_complete_frame_per_lidar_sweep_with_every_imu_sample() -> None:
     assert asm.stats.late == 0 and not [e for e in other if isinstance(e, LateSample)]
 
 
+def test_a_bucket_holding_every_expected_imu_sample_is_emitted_without_waiting_for_the_next() -> None:
+    spec = spec_from_dict(
+        {
+            "bucket_width_ms": 100,
+            "bucket_offset_ms": 0,
+            "streams": {
+                "lidar": {"role": "reference", "expected_period_ms": 100},
+                "imu": {"role": "required", "pick": "all", "expected_period_ms": 10},
+            },
+        }
+    )
+    asm = Assembler(spec)
+    assert asm.push(sample("lidar", 50, 1)) == []
+    out: list[object] = []
+    for i in range(10):  # stamps 0, 10, ..., 90 ms: all ten the bucket [0, 100) can hold
+        assert out == [], "emitted before the bucket was full"
+        out = asm.push(sample("imu", i * 10, i + 1))
+    assert len(out) == 1 and isinstance(out[0], MultiModalFrame)  # no wait for the 100 ms sample
+    assert [m.sample.seq for m in out[0].members["imu"]] == list(range(1, 11))
+    # a sample that still comes for that bucket is reported late, never dropped silently
+    late = asm.push(sample("imu", 95, 11))
+    assert any(isinstance(e, LateSample) for e in late) and asm.stats.late == 1
+
+
 def test_frames_are_emitted_on_arrival_of_the_last_needed_sample() -> None:
     spec = spec_from_dict(
         {

@@ -200,8 +200,9 @@ class Assembler:
         entry = _Entry(stamp, sample, fallback)
         if self._emitted_upto is not None and bucket <= self._emitted_upto:
             decided = self._decided.get(bucket)
-            if decided is None or st.spec.name not in decided:
-                # Its bucket went out without a decision for this stream: late data.
+            if decided is None or st.spec.name not in decided or st.spec.pick in (Pick.ALL, Pick.LATEST):
+                # Its bucket went out without a decision for this stream, or without this
+                # sample that `all` / `latest` would have taken: late data.
                 self.stats.late += 1
                 self._late_counts[bucket] = self._late_counts.get(bucket, 0) + 1
                 events.append(LateSample(sample, bucket, stamp))
@@ -345,7 +346,7 @@ class Assembler:
                 return None
             return ([], None) if forced or wm >= r + skew else None
         if pick in (Pick.LATEST, Pick.ALL):
-            if not (forced or wm >= end):
+            if not (forced or wm >= end or self._full(st, start, end)):
                 return None
             cands = st.between(start, end)
             if pick is Pick.LATEST:
@@ -370,6 +371,18 @@ class Assembler:
             return [b0, a0], alpha
         one = b0 or a0
         return ([one], None) if one is not None else ([], None)
+
+    @staticmethod
+    def _full(st: _Stream, start_ns: int, end_ns: int) -> bool:
+        """A periodic stream that already delivered as many samples as fit in the bucket
+        (``ceil(width / expected period)``) has nothing more for it: decide now instead of
+        waiting for its next sample (a sample that still comes is counted late, never lost).
+        Part of the look-ahead assumption: off for a stream with ``lookahead: 0``."""
+        period = st.spec.expected_period_ns
+        if not period or st.spec.lookahead <= 0:
+            return False
+        n = bisect.bisect_left(st.stamps, end_ns) - bisect.bisect_left(st.stamps, start_ns)
+        return n >= -(-(end_ns - start_ns) // period)
 
     def _decide(self, b: int, forced: bool) -> tuple[int, dict[str, list[_Entry]], dict[str, float]] | None:
         ref = self._reference(b, forced)
