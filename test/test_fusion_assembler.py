@@ -84,6 +84,30 @@ def test_a_bucket_holding_every_expected_imu_sample_is_emitted_without_waiting_f
     assert any(isinstance(e, LateSample) for e in late) and asm.stats.late == 1
 
 
+def test_with_complete_by_count_off_a_full_bucket_waits_for_the_watermark() -> None:
+    spec = spec_from_dict(
+        {
+            "bucket_width_ms": 100,
+            "streams": {
+                "lidar": {"role": "reference", "expected_period_ms": 100},
+                "imu": {
+                    "role": "required",
+                    "pick": "all",
+                    "expected_period_ms": 10,
+                    "complete_by_count": False,
+                },
+            },
+        }
+    )
+    asm = Assembler(spec)
+    asm.push(sample("lidar", 50, 1))
+    for i in range(10):
+        assert asm.push(sample("imu", i * 10, i + 1)) == []
+    out = asm.push(sample("imu", 99, 11))  # a jittery 11th sample still joins the bucket
+    assert len(out) == 1 and isinstance(out[0], MultiModalFrame)  # its look-ahead passes the end
+    assert len(out[0].members["imu"]) == 11 and asm.stats.late == 0
+
+
 def test_frames_are_emitted_on_arrival_of_the_last_needed_sample() -> None:
     spec = spec_from_dict(
         {
@@ -249,6 +273,10 @@ def test_invariants_hold_under_loss_blackouts_and_delay_spikes(
             "incomplete",
         ),
         ({"streams": {"bad name": {"role": "reference", "expected_period_ms": 10}}}, "invalid stream name"),
+        (
+            {"streams": {"a": {"role": "reference", "expected_period_ms": 10, "complete_by_count": "yes"}}},
+            "streams.a.complete_by_count",
+        ),
     ],
 )
 def test_invalid_specs_are_rejected_naming_the_key(doc: dict[str, object], key: str) -> None:

@@ -377,9 +377,9 @@ class Assembler:
         """A periodic stream that already delivered as many samples as fit in the bucket
         (``ceil(width / expected period)``) has nothing more for it: decide now instead of
         waiting for its next sample (a sample that still comes is counted late, never lost).
-        Part of the look-ahead assumption: off for a stream with ``lookahead: 0``."""
+        Off with ``complete_by_count: false`` or ``lookahead: 0``."""
         period = st.spec.expected_period_ns
-        if not period or st.spec.lookahead <= 0:
+        if not period or st.spec.lookahead <= 0 or not st.spec.complete_by_count:
             return False
         n = bisect.bisect_left(st.stamps, end_ns) - bisect.bisect_left(st.stamps, start_ns)
         return n >= -(-(end_ns - start_ns) // period)

@@ -104,6 +104,10 @@ class StreamSpec:
         clock_offset_ns: Added to this stream's stamps before anything else (sensor clock
             correction, e.g. a camera 20 ms ahead → -20 ms).
         lookahead: Fraction of the expected period used for the watermark.
+        complete_by_count: A ``all`` / ``latest`` stream with ``ceil(bucket width / expected
+            period)`` samples in a bucket is decided at once, without waiting for its first
+            sample past the bucket (lower latency; a jittery sensor whose next sample still
+            lands in the bucket then has it counted late). False: wait for the watermark.
     """
 
     name: str
@@ -114,6 +118,7 @@ class StreamSpec:
     max_age_ns: int | None = None
     clock_offset_ns: int = 0
     lookahead: float = DEFAULT_LOOKAHEAD
+    complete_by_count: bool = True
 
 
 @dataclass(frozen=True, slots=True)
@@ -194,6 +199,7 @@ _STREAM_KEYS = {
     "max_age_ms",
     "clock_offset_ms",
     "lookahead",
+    "complete_by_count",
 }
 
 
@@ -241,6 +247,9 @@ def spec_from_dict(doc: Mapping[str, Any], *, where: str = "fusion") -> FusionSp
         lookahead = opts.get("lookahead", DEFAULT_LOOKAHEAD)
         if isinstance(lookahead, bool) or not isinstance(lookahead, (int, float)) or not 0 <= lookahead <= 1:
             raise SpecError(f"{w}.lookahead: expected a fraction in [0, 1], got {lookahead!r}")
+        by_count = opts.get("complete_by_count", True)
+        if not isinstance(by_count, bool):
+            raise SpecError(f"{w}.complete_by_count: expected true or false, got {by_count!r}")
         streams.append(
             StreamSpec(
                 name=str(name),
@@ -253,6 +262,7 @@ def spec_from_dict(doc: Mapping[str, Any], *, where: str = "fusion") -> FusionSp
                 max_age_ns=_ms(f"{w}.max_age_ms", opts["max_age_ms"]) if "max_age_ms" in opts else None,
                 clock_offset_ns=_ms(f"{w}.clock_offset_ms", opts.get("clock_offset_ms", 0), positive=False),
                 lookahead=float(lookahead),
+                complete_by_count=by_count,
             )
         )
     refs = [s.name for s in streams if s.role is Role.REFERENCE]
