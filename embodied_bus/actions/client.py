@@ -21,6 +21,12 @@ __all__ = ["ActionHandle", "Planner"]
 REQUEST_TIMEOUT_S = 5.0
 #: Results a planner keeps for actions nobody awaited yet.
 RESULT_CACHE = 10_000
+#: First look at the queue for awaited results the subscription did not bring, seconds.
+POLL_FIRST_S = 1.0
+#: Longest pause between such looks while nothing turns up, seconds.
+POLL_MAX_S = 5.0
+#: Action ids per batched look.
+POLL_BATCH = 500
 
 
 class Planner:
@@ -61,6 +67,7 @@ class Planner:
         self._results: OrderedDict[str, Action] = OrderedDict()
         self._waiters: dict[str, list[asyncio.Future[Action]]] = {}
         self._results_sub: Any = None
+        self._poller: asyncio.Task[None] | None = None
 
     async def __aenter__(self) -> Planner:
         return self
@@ -70,6 +77,8 @@ class Planner:
 
     async def close(self) -> None:
         """Stop listening for results (and release the Pulsar reply topic and state reader)."""
+        if self._poller is not None:
+            self._poller.cancel()
         if self._results_sub is not None and self._pulsar is None:
             self._results_sub.undeclare()
         self._results_sub = None
@@ -101,6 +110,27 @@ class Planner:
         for fut in self._waiters.pop(action_id, []):
             if not fut.done():
                 fut.set_result(action)
+
+    def _ensure_poller(self) -> None:
+        if self._poller is None or self._poller.done():
+            self._poller = asyncio.create_task(self._poll_results())
+
+    async def _poll_results(self) -> None:
+        """Ask the queue about awaited actions in batches (the fallback to the subscription)."""
+        interval_s = POLL_FIRST_S
+        while self._waiters:
+            await asyncio.sleep(interval_s)
+            ids = list(self._waiters)
+            found = 0
+            for i in range(0, len(ids), POLL_BATCH):
+                try:
+                    reply = await self._call({"op": "get_many", "ids": ids[i : i + POLL_BATCH]})
+                except (ActionError, BusConnectionError):
+                    break
+                for env in reply.get("done", []):
+                    self._settle(str(env["id"]), json.dumps(env).encode())
+                    found += 1
+            interval_s = POLL_FIRST_S if found else min(interval_s * 2, POLL_MAX_S)
 
     async def _call(self, req: dict[str, Any]) -> dict[str, Any]:
         if req.get("op") == "dlq" and req.get("what") == "requeue":  # it runs again: forget the old outcome
@@ -199,9 +229,10 @@ class ActionHandle:
     async def result(self, timeout_s: float | None = None) -> Action:
         """Wait until the action ends (succeeded, dead-lettered or canceled); returns it.
 
-        Results arrive on the planner's result subscription; the queue service is also asked
-        now and then (after 1 s, then less and less often), so a result published before the
-        subscription was routed, or while this planner was away, is never missed.
+        Results arrive on the planner's result subscription; the planner also asks the queue
+        now and then about every action still awaited (one batched request, after 1 s, then
+        less and less often), so a result published before the subscription was routed, or
+        while this planner was away, is never missed.
 
         Raises:
             TimeoutError: It did not end within ``timeout_s`` seconds.
@@ -213,21 +244,14 @@ class ActionHandle:
         loop = asyncio.get_running_loop()
         fut: asyncio.Future[Action] = loop.create_future()
         p._waiters.setdefault(self.id, []).append(fut)
-        deadline = None if timeout_s is None else loop.time() + timeout_s
-        poll_s = 1.0
+        p._ensure_poller()
         try:
-            while True:
-                wait = poll_s if deadline is None else max(0.0, min(poll_s, deadline - loop.time()))
-                try:
-                    return await asyncio.wait_for(asyncio.shield(fut), wait)
-                except TimeoutError:
-                    pass
-                current = await p.get(self.id)
-                if current is not None and current.status.terminal:
-                    return current
-                if deadline is not None and loop.time() >= deadline:
-                    raise TimeoutError(f"action {self.id} did not end within {timeout_s:g} s")
-                poll_s = min(poll_s * 2, 5.0)
+            return await asyncio.wait_for(asyncio.shield(fut), timeout_s)
+        except TimeoutError:
+            current = await p.get(self.id)  # one last look before giving up
+            if current is not None and current.status.terminal:
+                return current
+            raise TimeoutError(f"action {self.id} did not end within {timeout_s:g} s") from None
         finally:
             waiters = p._waiters.get(self.id)
             if waiters is not None and fut in waiters:

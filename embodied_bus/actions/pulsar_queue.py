@@ -500,6 +500,11 @@ class PulsarActionQueue:
         a = self.state.get(str(req["id"]))
         return {"action": json.loads(encode_action(a)) if a else None}
 
+    async def _op_get_many(self, req: dict[str, Any]) -> dict[str, Any]:
+        await self.state.sync()
+        found = (self.state.get(str(i)) for i in req["ids"])
+        return {"done": [json.loads(encode_action(a)) for a in found if a is not None and a.status.terminal]}
+
     async def _op_cancel(self, req: dict[str, Any]) -> dict[str, Any]:
         aid = str(req["id"])
         await self.state.sync()

@@ -1,7 +1,8 @@
 """The queue service: an :class:`ActionStore` served over the bus (Zenoh request/reply).
 
 Any process can host it (``embodied-bus queue``, or inside a planner). Requests are JSON:
-``submit``, ``lease``, ``extend``, ``checkpoint``, ``ack``, ``nack``, ``get``, ``cancel``,
+``submit``, ``lease``, ``extend``, ``checkpoint``, ``ack``, ``nack``, ``get``, ``get_many``
+(the terminal ones among up to 1000 ids), ``cancel``,
 ``dlq``, ``backlog``. Executors announce themselves in the ``actions-executors`` group; when
 one dies its leases are released at once (each counts as a lost attempt). Results go out on
 the lightweight topic ``actions/result/<id>`` and are stored, so a planner that was away can
@@ -175,6 +176,11 @@ class QueueService:
                     max(0.0, s.policy.backoff_s(a.attempt_count)) + 0.01, self._wake, (a.kind,)
                 ).start()
             return _ok(status=a.status.value)
+        if op == "get_many":
+            ids = req["ids"]
+            if not isinstance(ids, list) or len(ids) > 1000 or not all(isinstance(i, str) for i in ids):
+                return _err("bad 'get_many' request: 'ids' must be a list of at most 1000 strings")
+            return _ok(done=[json.loads(encode_action(a)) for a in s.terminal_among(ids)])
         if op == "get":
             found = s.get(req["id"])
             return _ok(action=json.loads(encode_action(found)) if found else None)

@@ -179,6 +179,20 @@ class ActionStore:
         """The action with this id (a restarted planner looks its actions up here)."""
         return self._load(action_id)
 
+    def terminal_among(self, action_ids: Sequence[str]) -> list[Action]:
+        """The actions among ``action_ids`` that ended (succeeded, dead or canceled)."""
+        out: list[Action] = []
+        terminal = (ActionStatus.SUCCEEDED.value, ActionStatus.DEAD.value, ActionStatus.CANCELED.value)
+        for i in range(0, len(action_ids), 500):
+            chunk = list(action_ids[i : i + 500])
+            marks = ",".join("?" * len(chunk))
+            rows = self._db.execute(
+                f"SELECT body FROM actions WHERE id IN ({marks}) AND status IN (?, ?, ?)",
+                (*chunk, *terminal),
+            ).fetchall()
+            out.extend(decode_action(r[0]) for r in rows)
+        return out
+
     def cancel(self, action_id: str, now_ns: int | None = None) -> Action | None:
         """Cancel: a queued action is removed from dispatch at once; a running one is flagged
         (its executor sees ``cancel_requested`` on its next lease extension)."""

@@ -474,8 +474,13 @@ class ZenohEngine(Engine):
             def on_done() -> None:
                 loop.call_soon_threadsafe(settle, None)
 
+            # indirect=False: the two callbacks only hand the answer to the loop, so they run on
+            # Zenoh's own thread instead of a Python thread started for every request.
             self.session.get(
-                key, zenoh.handlers.Callback(on_reply, on_done), payload=payload, timeout=budget_s
+                key,
+                zenoh.handlers.Callback(on_reply, on_done, indirect=False),
+                payload=payload,
+                timeout=budget_s,
             )
             return await fut
 
