@@ -1,12 +1,13 @@
 #!/usr/bin/env python3
 """Action-queue benchmark on both backends: end-to-end actions/s (submit → result) with
 4 executors and a no-op handler, submit→start latency p50/p99, and the redelivery delay after a
-nack and after an executor crash (its session closes without a goodbye). Zenoh always (embedded,
-queue service in the run); with ``--pulsar URL`` also the Pulsar backend and raw pulsar-client
+nack and after an executor crash (its session closes without a goodbye). Zenoh always (embedded;
+the queue service in its own process as `embodied-bus queue`, or in this one with
+``--one-process``); with ``--pulsar URL`` also the Pulsar backend and raw pulsar-client
 Shared-subscription throughput (4 consumers, receiver queue 1, ack per message) in the same
 run, with the ratio. Prints one JSON document.
 
-Usage: python bench/actions.py [--quick] [--pulsar pulsar://127.0.0.1:6650]
+Usage: python bench/actions.py [--quick] [--one-process] [--pulsar pulsar://127.0.0.1:6650]
 """
 
 from __future__ import annotations
@@ -14,6 +15,8 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import signal
+import subprocess
 import sys
 import tempfile
 import time
@@ -36,8 +39,11 @@ def pct(values: list[float], q: float) -> float | None:
     return round(float(np.percentile(values, q)), 3) if values else None
 
 
-async def actions_bench(n_actions: int, pulsar_url: str | None = None) -> dict[str, Any]:
-    """One backend: Zenoh (a queue service in this run) or, with ``pulsar_url``, Pulsar."""
+async def actions_bench(
+    n_actions: int, pulsar_url: str | None = None, *, service_process: bool = True
+) -> dict[str, Any]:
+    """One backend: Zenoh (a queue service in its own process, or in this one) or, with
+    ``pulsar_url``, Pulsar (no service)."""
     if pulsar_url is None:
         port = free_port()
         url_a, url_b = f"zenoh:?listen=tcp/127.0.0.1:{port}", f"zenoh://127.0.0.1:{port}"
@@ -53,9 +59,23 @@ async def actions_bench(n_actions: int, pulsar_url: str | None = None) -> dict[s
     def on_member(member: str, _value: str, joined: bool) -> None:
         (live.add if joined else live.discard)(member)
 
+    service_proc = None
+    if pulsar_url is None and service_process:
+        # the production layout: the queue service in its own process (`embodied-bus queue`)
+        cmd = [sys.executable, "-m", "embodied_bus.cli.main", "queue", "--bus", url_a, "--ns", ns]
+        cmd += ["--db", str(tmp / "q.db"), "--max-attempts", "5", "--backoff", "0"]
+        service_proc = subprocess.Popen(
+            cmd,
+            stdout=subprocess.PIPE,
+            text=True,
+        )
+        assert service_proc.stdout is not None
+        while "action queue serving" not in service_proc.stdout.readline():
+            pass
+        url_a = url_b
     async with open_bus(url_a, namespace=ns) as svc_bus, open_bus(url_b, namespace=ns) as bus:
         tasks = []
-        if pulsar_url is None:
+        if pulsar_url is None and service_proc is None:
             ready = asyncio.Event()
             service = QueueService(svc_bus, tmp / "q.db", policy)
             tasks.append(asyncio.create_task(service.run(stop, ready)))
@@ -149,9 +169,19 @@ async def actions_bench(n_actions: int, pulsar_url: str | None = None) -> dict[s
         await asyncio.gather(*tasks, return_exceptions=True)
         await planner.close()
         await group.leave()
+    if service_proc is not None:
+        service_proc.send_signal(signal.SIGINT)
+        service_proc.wait(20)
     return {
         "actions": n_actions,
         "executors": 4,
+        "layout": (
+            "no queue service (Pulsar)"
+            if pulsar_url
+            else "queue service in its own process; planner and 4 executors in this one"
+            if service_proc
+            else "queue service, planner and executors in one process"
+        ),
         "actions_per_s": round(rate, 1),
         "submit_to_start_ms": {"p50": pct(latencies, 50), "p99": pct(latencies, 99)},
         "redelivery_after_nack_ms": {"p50": pct(nack_delays, 50), "p99": pct(nack_delays, 99)},
@@ -199,10 +229,11 @@ def raw_pulsar_shared(url: str, n: int) -> dict[str, Any]:
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__)
     p.add_argument("--quick", action="store_true")
+    p.add_argument("--one-process", action="store_true", help="host the Zenoh queue service in this process")
     p.add_argument("--pulsar", default=None, help="broker URL for the raw Shared-subscription baseline")
     args = p.parse_args()
     n = 1000 if args.quick else 5000
-    zenoh = asyncio.run(actions_bench(n))
+    zenoh = asyncio.run(actions_bench(n, service_process=not args.one_process))
     zenoh["targets"] = {
         "actions_per_s": 2000,
         "submit_to_start_p50_ms": 2.0,

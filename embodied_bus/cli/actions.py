@@ -10,7 +10,7 @@ import sys
 import time
 from typing import Any
 
-from embodied_bus.actions import ActionError, Executor, Planner, QueueService
+from embodied_bus.actions import DEFAULT_RETRY, ActionError, Executor, Planner, QueueService, RetryPolicy
 from embodied_bus.bus import open_bus
 from embodied_bus.cli.common import add_bus_args, fmt_table, install_stop_signals
 from embodied_bus.errors import BusConfigError
@@ -23,6 +23,15 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-a
     p = sub.add_parser("queue", help="host the durable action queue service")
     add_bus_args(p)
     p.add_argument("--db", default="actions.db", help="SQLite file (default actions.db)")
+    p.add_argument(
+        "--max-attempts", type=int, default=DEFAULT_RETRY.max_attempts, help="tries before dead-lettering"
+    )
+    p.add_argument(
+        "--backoff",
+        type=float,
+        default=DEFAULT_RETRY.initial_backoff_s,
+        help="delay after the first failure, seconds (doubles per failure, with jitter)",
+    )
     p.set_defaults(func=run_queue)
 
     p = sub.add_parser("executor", help="run action handlers: --handlers module:MAPPING")
@@ -99,7 +108,13 @@ async def run_queue(args: argparse.Namespace) -> int:
                 "directly (see embodied_bus.actions.pulsar_queue); run `embodied-bus queue` on Zenoh"
             )
         ready = asyncio.Event()
-        task = asyncio.create_task(QueueService(bus, args.db).run(stop, ready))
+        policy = RetryPolicy(
+            max_attempts=args.max_attempts,
+            initial_backoff_s=args.backoff,
+            max_backoff_s=max(args.backoff, DEFAULT_RETRY.max_backoff_s),
+            jitter=DEFAULT_RETRY.jitter if args.backoff else 0.0,
+        )
+        task = asyncio.create_task(QueueService(bus, args.db, policy).run(stop, ready))
         await ready.wait()
         print(f"action queue serving on {args.bus} (db {args.db})", flush=True)
         await task
