@@ -199,3 +199,25 @@ def test_backoff_grows_exponentially_with_bounded_jitter() -> None:
         assert base * 0.75 <= d <= base * 1.25
     with pytest.raises(BusConfigError):
         RetryPolicy(max_attempts=0)
+
+
+def test_the_envelope_carries_every_field_of_an_action_and_round_trips() -> None:
+    import dataclasses
+    import json
+
+    from embodied_bus.actions import Attempt, decode_action, encode_action
+
+    a = Action(
+        "pick",
+        {"obj": [1, 2]},
+        priority=3,
+        idempotency_key="k",
+        selector={"arm": "left"},
+        attempts=[Attempt(1, "ex", 5, 6, "nack", "slipped")],
+        checkpoint={"w": 1},
+        budget_from=1,
+        auth={"key_id": "x"},
+    )
+    env = json.loads(encode_action(a))
+    assert list(env) == [f.name for f in dataclasses.fields(Action)]
+    assert decode_action(encode_action(a)) == a

@@ -6,7 +6,7 @@ import enum
 import json
 import re
 import uuid
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from typing import Any
 
 from embodied_bus.errors import EmbodiedBusError
@@ -157,9 +157,35 @@ class Action:
 
 
 def encode_action(action: Action) -> bytes:
-    """Action → JSON envelope bytes."""
-    d = asdict(action)
-    d["status"] = action.status.value
+    """Action → JSON envelope bytes (fields in declaration order)."""
+    a = action
+    d = {
+        "kind": a.kind,
+        "payload": a.payload,
+        "priority": a.priority,
+        "deadline_ns": a.deadline_ns,
+        "idempotency_key": a.idempotency_key,
+        "selector": a.selector,
+        "id": a.id,
+        "status": a.status.value,
+        "attempts": [
+            {
+                "number": t.number,
+                "executor": t.executor,
+                "started_ns": t.started_ns,
+                "ended_ns": t.ended_ns,
+                "outcome": t.outcome,
+                "reason": t.reason,
+            }
+            for t in a.attempts
+        ],
+        "result": a.result,
+        "checkpoint": a.checkpoint,
+        "created_ns": a.created_ns,
+        "cancel_requested": a.cancel_requested,
+        "budget_from": a.budget_from,
+        "auth": a.auth,
+    }
     return json.dumps(d, separators=(",", ":")).encode()
 
 
