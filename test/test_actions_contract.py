@@ -353,3 +353,43 @@ async def test_on_pulsar_garbage_on_a_priority_topic_is_dead_lettered_and_work_g
     assert dead.data() == b"\xff not an action" and "not valid JSON" in dead.properties()["eb-error"]
     await asyncio.to_thread(producer.close)
     await asyncio.to_thread(watcher.close)
+
+
+async def test_acks_that_end_together_are_answered_one_by_one(rig: Rig) -> None:
+    if rig.engine != "zenoh":
+        pytest.skip("drives the Zenoh queue service's requests directly")
+    handles = await rig.planner.submit_many([Action("noop", i) for i in range(2)])
+    leased = await rig.planner._call(
+        {"op": "lease", "executor": "x", "kinds": ["noop"], "labels": {}, "lease_s": 10, "max": 2}
+    )
+    ids = [a["id"] for a in leased["actions"]]
+    assert sorted(ids) == sorted(h.id for h in handles)
+    reply = await rig.planner._call(
+        {
+            "op": "ack_many",
+            "acks": [
+                {"id": ids[0], "executor": "x", "result": 1},
+                {"id": "f" * 32, "executor": "x"},  # never leased: refused on its own
+                {"id": ids[1], "executor": "x", "result": 2},
+            ],
+        }
+    )
+    oks = [a["ok"] for a in reply["answers"]]
+    assert oks == [True, False, True] and "does not hold a lease" in reply["answers"][1]["error"]
+    done = [await h.result(timeout_s=10) for h in handles]
+    assert all(d.status is ActionStatus.SUCCEEDED for d in done)
+    with pytest.raises(ActionError, match="ack_many"):
+        await rig.planner._call({"op": "ack_many", "acks": "everything"})
+
+
+async def test_an_executor_running_many_short_actions_at_once_finishes_them_all(rig: Rig) -> None:
+    async def noop(action: Action, ctx):  # type: ignore[no-untyped-def]
+        return action.payload
+
+    ex = Executor(rig.ex_bus, "wide", concurrency=8, policy=FAST)
+    ex.handler("noop")(noop)
+    rig.tasks.append(asyncio.create_task(ex.run(rig.stop)))
+    handles = await rig.planner.submit_many([Action("noop", i) for i in range(64)])
+    done = [await h.result(timeout_s=30) for h in handles]
+    assert [d.result for d in done] == list(range(64)) and ex.unreported == 0
+    assert all(d.attempt_count == 1 for d in done)

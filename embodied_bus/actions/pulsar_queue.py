@@ -853,6 +853,15 @@ class PulsarActionQueue:
             self._slot_freed(a.id)
         return {"status": a.status.value}
 
+    async def _op_ack_many(self, req: dict[str, Any]) -> dict[str, Any]:
+        async def one(item: dict[str, Any]) -> dict[str, Any]:
+            try:
+                return {"ok": True, **await self._op_ack(item)}
+            except (ActionError, KeyError) as err:
+                return {"ok": False, "error": str(err)}
+
+        return {"answers": list(await asyncio.gather(*(one(x) for x in req["acks"])))}
+
     async def _op_nack(self, req: dict[str, Any]) -> dict[str, Any]:
         msg, a, reply_to, consumer = self._holding(req)
         now = time.time_ns()

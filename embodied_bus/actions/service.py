@@ -1,9 +1,9 @@
 """The queue service: an :class:`ActionStore` served over the bus (Zenoh request/reply).
 
 Any process can host it (``embodied-bus queue``, or inside a planner). Requests are JSON:
-``submit``, ``lease``, ``extend``, ``checkpoint``, ``ack``, ``nack``, ``get``, ``get_many``
-(the terminal ones among up to 1000 ids), ``cancel``,
-``dlq``, ``backlog``. Executors announce themselves in the ``actions-executors`` group; when
+``submit``, ``lease``, ``extend``, ``checkpoint``, ``ack``, ``ack_many`` (acks that ended
+together, each answered on its own), ``nack``, ``get``, ``get_many`` (the terminal ones among
+up to 1000 ids), ``cancel``, ``dlq``, ``backlog``. Executors announce themselves in the ``actions-executors`` group; when
 one dies its leases are released at once (each counts as a lost attempt). Results go out on
 the lightweight topic ``actions/result/<id>`` and are stored, so a planner that was away can
 fetch them with ``get``.
@@ -165,6 +165,22 @@ class QueueService:
             a = s.ack(req["id"], req["executor"], req.get("result"))
             self._publish_result(a)
             return _ok(status=a.status.value)
+        if op == "ack_many":
+            acks = req["acks"]
+            if not isinstance(acks, list) or len(acks) > 256 or not all(isinstance(x, dict) for x in acks):
+                return _err("bad 'ack_many' request: 'acks' must be a list of at most 256 ack objects")
+            answers: list[dict[str, Any]] = []
+            for item in acks:  # each ack stands alone: one refused ack does not sink the others
+                try:
+                    if not isinstance(item.get("id"), str) or not isinstance(item.get("executor"), str):
+                        raise ActionError("an ack needs string fields 'id' and 'executor'")
+                    a = s.ack(item["id"], item["executor"], item.get("result"))
+                except ActionError as err:
+                    answers.append({"ok": False, "error": str(err)})
+                    continue
+                self._publish_result(a)
+                answers.append({"ok": True, "status": a.status.value})
+            return _ok(answers=answers)
         if op == "nack":
             a = s.nack(
                 req["id"], req["executor"], str(req.get("reason", "")), permanent=bool(req.get("permanent"))
