@@ -8,7 +8,14 @@ from collections import OrderedDict
 from collections.abc import AsyncIterator, Sequence
 from typing import Any
 
-from embodied_bus.actions.model import Action, ActionError, ActionStatus, decode_action, encode_action
+from embodied_bus.actions.model import (
+    Action,
+    ActionError,
+    ActionStatus,
+    action_from_dict,
+    decode_action,
+    encode_action,
+)
 from embodied_bus.actions.policy import DEFAULT_RETRY, RetryPolicy
 from embodied_bus.actions.service import SERVICE
 from embodied_bus.bus import Bus
@@ -194,7 +201,7 @@ class Planner:
     async def get(self, action_id: str) -> Action | None:
         """The current state of an action (results of a planner that was away included)."""
         reply = await self._call({"op": "get", "id": action_id})
-        return decode_action(json.dumps(reply["action"])) if reply["action"] else None
+        return action_from_dict(reply["action"]) if reply["action"] else None
 
     async def backlog(self) -> dict[str, Any]:
         """Queued / leased / retrying / dead counts per kind and priority."""
@@ -203,7 +210,7 @@ class Planner:
     async def dead_letters(self) -> list[Action]:
         """The dead-letter queue with every attempt's reason."""
         reply = await self._call({"op": "dlq", "what": "list"})
-        return [decode_action(json.dumps(a)) for a in reply["actions"]]
+        return [action_from_dict(a) for a in reply["actions"]]
 
     def handle(self, action_id: str) -> ActionHandle:
         """A handle on an existing action (e.g. after a planner restart)."""
@@ -297,4 +304,4 @@ class ActionHandle:
     async def cancel(self) -> Action | None:
         """Cancel: removed if queued, signalled if running."""
         reply = await self.planner._call({"op": "cancel", "id": self.id})
-        return decode_action(json.dumps(reply["action"])) if reply["action"] else None
+        return action_from_dict(reply["action"]) if reply["action"] else None

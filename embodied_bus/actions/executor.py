@@ -10,7 +10,7 @@ import uuid
 from collections.abc import Awaitable, Callable
 from typing import Any
 
-from embodied_bus.actions.model import Action, ActionError, decode_action
+from embodied_bus.actions.model import Action, ActionError, action_from_dict
 from embodied_bus.actions.policy import DEFAULT_RETRY, PermanentFailure, RetryPolicy
 from embodied_bus.actions.service import EXECUTOR_GROUP, SERVICE
 from embodied_bus.bus import Bus
@@ -283,7 +283,7 @@ class Executor:
                         w.cancel()
                     continue
                 for env in leased:
-                    task = asyncio.create_task(self._run_one(decode_action(json.dumps(env))))
+                    task = asyncio.create_task(self._run_one(action_from_dict(env, check_payload=False)))
                     running.add(task)
                     task.add_done_callback(running.discard)
             if running:

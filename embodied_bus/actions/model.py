@@ -19,6 +19,7 @@ __all__ = [
     "ActionError",
     "ActionStatus",
     "Attempt",
+    "action_from_dict",
     "decode_action",
     "encode_action",
 ]
@@ -112,8 +113,9 @@ class Action:
     budget_from: int = 0
     auth: dict[str, Any] | None = None
 
-    def validate(self) -> Action:
-        """Check kind, priority, payload size and selector; return self.
+    def validate(self, *, check_payload: bool = True) -> Action:
+        """Check kind, priority, payload size (unless ``check_payload`` is false) and selector;
+        return self.
 
         Raises:
             ActionError: What is wrong, named.
@@ -138,6 +140,8 @@ class Action:
             raise ActionError("selector must map label names to string values")
         if self.auth is not None and not isinstance(self.auth, dict):
             raise ActionError("auth must be an object (the signature block) or absent")
+        if not check_payload:
+            return self
         try:
             size = len(json.dumps(self.payload))
         except (TypeError, ValueError) as err:
@@ -205,6 +209,20 @@ def decode_action(data: bytes | str, *, limits: DecodeLimits | None = None) -> A
         d = json.loads(data)
     except (UnicodeDecodeError, json.JSONDecodeError) as err:
         raise ActionError(f"action envelope is not valid JSON: {err}") from err
+    # an envelope no larger than the payload limit cannot hold an oversized payload
+    return action_from_dict(d, check_payload=len(data) > MAX_PAYLOAD_BYTES)
+
+
+def action_from_dict(d: Any, *, check_payload: bool = True) -> Action:
+    """An already parsed JSON envelope (a dict) → validated Action (no JSON round trip).
+
+    Args:
+        check_payload: Measure the payload against :data:`MAX_PAYLOAD_BYTES` (skip only when
+            the envelope's size already bounds it).
+
+    Raises:
+        ActionError: Missing or mistyped fields, or invalid values.
+    """
     if not isinstance(d, dict) or "kind" not in d:
         raise ActionError("action envelope must be a JSON object with a kind")
     try:
@@ -228,4 +246,4 @@ def decode_action(data: bytes | str, *, limits: DecodeLimits | None = None) -> A
         )
     except (TypeError, ValueError, OverflowError) as err:
         raise ActionError(f"action envelope is malformed: {err}") from err
-    return action.validate()
+    return action.validate(check_payload=check_payload)

@@ -3,8 +3,9 @@
 Any process can host it (``embodied-bus queue``, or inside a planner). Requests are JSON:
 ``submit``, ``lease``, ``extend``, ``checkpoint``, ``ack``, ``ack_many`` (acks that ended
 together, each answered on its own), ``nack``, ``get``, ``get_many`` (the terminal ones among
-up to 1000 ids), ``cancel``, ``dlq``, ``backlog``. Executors announce themselves in the ``actions-executors`` group; when
-one dies its leases are released at once (each counts as a lost attempt). Results go out on
+up to 1000 ids), ``cancel``, ``dlq``, ``backlog``. Executors announce themselves in the
+``actions-executors`` group; when one dies its leases are released at once (each counts as a
+lost attempt). Results go out on
 the lightweight topic ``actions/result/<id>`` and are stored, so a planner that was away can
 fetch them with ``get``.
 """
@@ -169,17 +170,17 @@ class QueueService:
             acks = req["acks"]
             if not isinstance(acks, list) or len(acks) > 256 or not all(isinstance(x, dict) for x in acks):
                 return _err("bad 'ack_many' request: 'acks' must be a list of at most 256 ack objects")
+            for item in acks:
+                if not isinstance(item.get("id"), str) or not isinstance(item.get("executor"), str):
+                    return _err("bad 'ack_many' request: every ack needs string fields 'id' and 'executor'")
             answers: list[dict[str, Any]] = []
-            for item in acks:  # each ack stands alone: one refused ack does not sink the others
-                try:
-                    if not isinstance(item.get("id"), str) or not isinstance(item.get("executor"), str):
-                        raise ActionError("an ack needs string fields 'id' and 'executor'")
-                    a = s.ack(item["id"], item["executor"], item.get("result"))
-                except ActionError as err:
-                    answers.append({"ok": False, "error": str(err)})
-                    continue
-                self._publish_result(a)
-                answers.append({"ok": True, "status": a.status.value})
+            outcomes = s.ack_many([(x["id"], x["executor"], x.get("result")) for x in acks])
+            for outcome in outcomes:  # each ack stands alone: one refused ack sinks no other
+                if isinstance(outcome, ActionError):
+                    answers.append({"ok": False, "error": str(outcome)})
+                else:
+                    self._publish_result(outcome)
+                    answers.append({"ok": True, "status": outcome.status.value})
             return _ok(answers=answers)
         if op == "nack":
             a = s.nack(

@@ -43,6 +43,7 @@ CREATE TABLE IF NOT EXISTS actions (
     body TEXT NOT NULL
 );
 CREATE INDEX IF NOT EXISTS ready ON actions(status, priority DESC, seq);
+CREATE INDEX IF NOT EXISTS deadlines ON actions(deadline_ns) WHERE deadline_ns > 0;
 """
 _READY = (ActionStatus.QUEUED.value, ActionStatus.RETRYING.value)
 
@@ -334,14 +335,31 @@ class ActionStore:
         """The handler returned: the action succeeded with ``result``."""
         now = now_ns if now_ns is not None else _now()
         with self._tx(durable=False):
-            a = self._held(action_id, executor)
-            self._end_attempt(a, "ok", "", now)
-            a.status = (
-                ActionStatus.CANCELED if a.cancel_requested and result is None else ActionStatus.SUCCEEDED
-            )
-            a.result = result
-            self._save(a)
-            return a
+            return self._ack(self._held(action_id, executor), result, now)
+
+    def _ack(self, a: Action, result: Any, now: int) -> Action:
+        self._end_attempt(a, "ok", "", now)
+        a.status = ActionStatus.CANCELED if a.cancel_requested and result is None else ActionStatus.SUCCEEDED
+        a.result = result
+        self._save(a)
+        return a
+
+    def ack_many(
+        self, acks: Sequence[tuple[str, str, Any]], now_ns: int | None = None
+    ) -> list[Action | ActionError]:
+        """Several ``(action id, executor, result)`` acks in one transaction; each is answered
+        on its own (an :class:`ActionError` for one whose lease is gone)."""
+        now = now_ns if now_ns is not None else _now()
+        out: list[Action | ActionError] = []
+        with self._tx(durable=False):
+            for action_id, executor, result in acks:
+                try:
+                    held = self._held(action_id, executor)
+                except ActionError as err:
+                    out.append(err)
+                    continue
+                out.append(self._ack(held, result, now))
+        return out
 
     def nack(
         self,
