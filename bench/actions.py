@@ -157,8 +157,8 @@ async def actions_bench(
                 rtask = asyncio.create_task(rescuer.run(rstop))
                 while rescuer.name not in live:
                     await asyncio.sleep(0.01)
+                crashed_ns = time.time_ns()  # from here the executor and then its session go away
                 dtask.cancel()
-            crashed_ns = time.time_ns()  # the session is closed: its liveliness token is gone
             done = await h.result(timeout_s=30)
             assert done.status.value == "succeeded", done
             crash_delays.append((restarted[h.id] - crashed_ns) / 1e6)
