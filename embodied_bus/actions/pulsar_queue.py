@@ -34,7 +34,8 @@ Semantics, and why they are not Pulsar's own:
 * **Results** are on the state log (a planner that was away reads them back with ``get``) and
   are sent to the submitting planner's reply topic.
 
-The state log is read from its start by every planner and executor (a materialized view); a
+The state log is read from its start by every planner and executor (a materialized view that
+keeps every open action and the latest :data:`VIEW_ENDED_LIMIT` ended ones in memory); a
 durable subscription (``eb-state-keeper``) keeps it from being deleted. Fleets should enable
 topic compaction on it (one snapshot per action id is all that is needed).
 """
@@ -48,7 +49,7 @@ import logging
 import threading
 import time
 import uuid
-from collections import OrderedDict
+from collections import OrderedDict, deque
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, replace
 from typing import Any
@@ -97,6 +98,8 @@ MAX_HANDBACKS = 20
 SYNC_AFTER_S = 1.0
 #: How long the state log producer gathers records into one stored batch, milliseconds.
 STATE_BATCH_DELAY_MS = 1
+#: Ended actions a state-log view keeps in memory (a planner asks about older ones in vain).
+VIEW_ENDED_LIMIT = 100_000
 #: Producers to planners' reply topics an executor keeps open.
 REPLY_PRODUCERS = 64
 
@@ -141,6 +144,7 @@ class StateLog:
         self._engine = engine
         self._topics = topics
         self.actions: dict[str, Action] = {}
+        self._ended: deque[str] = deque()
         self.idem: dict[str, str] = {}
         self._purged: set[str] = set()
         self._lock = threading.Lock()
@@ -220,9 +224,23 @@ class StateLog:
                 self.actions[new.id] = new
                 if new.idempotency_key and new.idempotency_key not in self.idem:
                     self.idem[new.idempotency_key] = new.id
+                if new.status.terminal:
+                    self._forget_old(new.id)
                 changed = new
         if changed is not None and self.on_update is not None:
             self.on_update(changed)
+
+    def _forget_old(self, action_id: str) -> None:
+        """Keep at most :data:`VIEW_ENDED_LIMIT` ended actions in memory (oldest go first; the
+        log itself keeps them for as long as the topic's retention allows)."""
+        self._ended.append(action_id)
+        while len(self._ended) > VIEW_ENDED_LIMIT:
+            old_id = self._ended.popleft()
+            old = self.actions.get(old_id)
+            if old is not None and old.status.terminal:
+                del self.actions[old_id]
+                if old.idempotency_key and self.idem.get(old.idempotency_key) == old_id:
+                    del self.idem[old.idempotency_key]
 
     async def sync(self, timeout_s: float = 10.0) -> None:
         """Wait until every state record published before this call is applied (the reader has
