@@ -340,7 +340,7 @@ async def test_on_pulsar_garbage_on_a_priority_topic_is_dead_lettered_and_work_g
     watcher = await asyncio.to_thread(
         client.subscribe, topics.dlq, "test-watch", initial_position=pulsar.InitialPosition.Earliest
     )
-    producer = await asyncio.to_thread(client.create_producer, topics.queue(4))
+    producer = await asyncio.to_thread(client.create_producer, topics.queue(4, "pick"))
     await asyncio.to_thread(producer.send, b"\xff not an action")
 
     async def pick(action: Action, ctx):  # type: ignore[no-untyped-def]

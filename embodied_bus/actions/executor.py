@@ -254,7 +254,7 @@ class Executor:
 
             subs = []
             self._pulsar.live_executors = lambda kind: executors_with(group.members(), kind)
-            await self._pulsar.listen_wake(lambda: woken("", b""))
+            await self._pulsar.listen_wake(lambda: woken("", b""), kinds)
         else:
             subs = [self.bus.engine.listen(f"actions/wake/{k}", woken) for k in kinds]
         await group.announce(self.name, json.dumps({"kinds": kinds}))

@@ -2,8 +2,9 @@
 
 Topics (``<t>/<ns>`` is the bus's Pulsar tenant and namespace, ``<bus>`` its namespace)::
 
-    persistent://<t>/<ns>/eb.<bus>.actions.q<P>          one per priority level P = 0..9;
-                                                          Shared subscription "eb-executors"
+    persistent://<t>/<ns>/eb.<bus>.actions.q<P>.<kind>   one per priority level P = 0..9 and
+                                                          kind; Shared subscription
+                                                          "eb-executors"
     persistent://<t>/<ns>/eb.<bus>.actions.state         event log, key = action id: every state
                                                           change as a full action snapshot
     persistent://<t>/<ns>/eb.<bus>.actions.dlq           dead-letter topic (with every attempt)
@@ -12,8 +13,10 @@ Topics (``<t>/<ns>`` is the bus's Pulsar tenant and namespace, ``<bus>`` its nam
 
 Semantics, and why they are not Pulsar's own:
 
-* **Priorities.** Pulsar has none, so each level is a topic and an executor with a free slot
-  takes the highest level it holds first (RocketMQ's priority queues). Consumers use
+* **Priorities.** Pulsar has none, so each level is a topic (per kind: an executor subscribes,
+  with one multi-topic consumer per level, to the kinds it runs only, so no action bounces
+  between executors that cannot run it) and an executor with a free slot takes the highest
+  level it holds first (RocketMQ's priority queues). Consumers use
   ``receiver_queue_size`` = :data:`RECEIVER_QUEUE_SIZE` (1) and take one message per level
   until it is leased, so a backlog stays with the broker (which hands it to whichever executor
   asks next) and a busy executor holds at most two unstarted actions per level.
@@ -117,8 +120,9 @@ class ActionTopics:
         base = f"{s.tenant}/{s.pulsar_namespace}/eb.{s.namespace}.actions"
         return cls(f"persistent://{base}", f"non-persistent://{base}")
 
-    def queue(self, priority: int) -> str:
-        return f"{self.prefix}.q{priority}"
+    def queue(self, priority: int, kind: str) -> str:
+        """The topic of one kind at one priority level (``/`` in a kind becomes ``:``)."""
+        return f"{self.prefix}.q{priority}.{kind.replace('/', ':')}"
 
     @property
     def state(self) -> str:
@@ -386,6 +390,8 @@ class PulsarActionQueue:
         self._producers = _Producers(engine.client, block_if_queue_full=True)
         self._reply_producers = _Producers(engine.client, limit=REPLY_PRODUCERS, block_if_queue_full=False)
         self._started = False
+        self._kinds_ready: set[str] = set()
+        self._kind_lock = asyncio.Lock()
         self._start_lock = asyncio.Lock()
         self._reply_consumer: Any = None
         self._listeners: dict[str, list[Callable[[str, bytes], None]]] = {}
@@ -418,10 +424,21 @@ class PulsarActionQueue:
     async def _ensure_subscriptions(self) -> None:
         """Create the durable subscriptions before anything is published (Pulsar keeps messages
         only for existing subscriptions)."""
+        await self._subscribe_all([(self.topics.state, STATE_KEEPER), (self.topics.dlq, DLQ_SUBSCRIPTION)])
 
+    async def _ensure_kind(self, kind: str) -> None:
+        """The executors' subscriptions on a kind's priority topics, before its first message."""
+        if kind in self._kinds_ready:
+            return
+        async with self._kind_lock:
+            if kind not in self._kinds_ready:
+                await self._subscribe_all(
+                    [(self.topics.queue(p, kind), EXECUTOR_SUBSCRIPTION) for p in PRIORITY_LEVELS]
+                )
+                self._kinds_ready.add(kind)
+
+    async def _subscribe_all(self, wanted: list[tuple[str, str]]) -> None:
         def create() -> None:
-            wanted = [(self.topics.queue(p), EXECUTOR_SUBSCRIPTION) for p in PRIORITY_LEVELS]
-            wanted += [(self.topics.state, STATE_KEEPER), (self.topics.dlq, DLQ_SUBSCRIPTION)]
             for topic, sub in wanted:
                 c = self._client.subscribe(
                     topic,
@@ -503,7 +520,8 @@ class PulsarActionQueue:
         return {"actions": out}
 
     async def _enqueue(self, a: Action, reply_to: str, deliver_after_s: float = 0.0) -> None:
-        producer = await self._producers.get(self.topics.queue(a.priority))
+        await self._ensure_kind(a.kind)
+        producer = await self._producers.get(self.topics.queue(a.priority, a.kind))
         props = {"eb-attempts": str(a.attempt_count), "eb-reply-to": reply_to, "eb-kind": a.kind}
         kwargs: dict[str, Any] = {"partition_key": a.id, "properties": props}
         if deliver_after_s > 0:
@@ -667,19 +685,22 @@ class PulsarActionQueue:
             await self._reply(held[2], action_id, "fb", data)
 
     # ------------------------------------------------------------------ executor side
-    async def listen_wake(self, callback: Callable[[], None]) -> None:
-        """Call ``callback`` (on a receiving thread) when an action is ready to lease."""
+    async def listen_wake(self, callback: Callable[[], None], kinds: list[str]) -> None:
+        """Take actions of ``kinds``; call ``callback`` (on a receiving thread) when one is ready
+        to lease."""
         self._wake_callbacks.append(callback)
         await self.start()
-        await self._open_consumers()
+        await self._open_consumers(kinds)
 
-    async def _open_consumers(self) -> None:
-        if self._consumers:
+    async def _open_consumers(self, kinds: list[str]) -> None:
+        if self._consumers or not kinds:
             return
+        for kind in kinds:
+            await self._ensure_kind(kind)
 
         def subscribe(priority: int) -> Any:
             return self._client.subscribe(
-                self.topics.queue(priority),
+                [self.topics.queue(priority, k) for k in sorted(kinds)],
                 EXECUTOR_SUBSCRIPTION,
                 consumer_type=pulsar.ConsumerType.Shared,
                 receiver_queue_size=RECEIVER_QUEUE_SIZE,
@@ -725,7 +746,7 @@ class PulsarActionQueue:
                 continue
             with self._taken:
                 self._seq += 1
-                heapq.heappush(self._ready, (-priority, self._seq, msg))
+                heapq.heappush(self._ready, (-priority, self._seq, (consumer, msg)))
                 self._waiting.add(priority)
             for cb in self._wake_callbacks:
                 cb()
@@ -735,7 +756,7 @@ class PulsarActionQueue:
             self._held.pop(action_id, None)
 
     async def _op_lease(self, req: dict[str, Any]) -> dict[str, Any]:
-        await self._open_consumers()
+        await self._open_consumers(list(req["kinds"]))
         executor = str(req["executor"])
         kinds = set(req["kinds"])
         labels = req.get("labels") or {}
@@ -745,17 +766,18 @@ class PulsarActionQueue:
             with self._taken:
                 if not self._ready:
                     break
-                neg_priority, _, msg = heapq.heappop(self._ready)
+                neg_priority, _, (consumer, msg) = heapq.heappop(self._ready)
                 self._waiting.discard(-neg_priority)
                 self._taken.notify_all()
-            started = await self._start(msg, executor, kinds, labels)
+            started = await self._start(consumer, msg, executor, kinds, labels)
             if started is not None:
                 out.append(json.loads(encode_action(started)))
         return {"action": out[0] if out else None, "actions": out}
 
-    async def _start(self, msg: Any, executor: str, kinds: set[str], labels: dict[str, str]) -> Action | None:
+    async def _start(
+        self, consumer: Any, msg: Any, executor: str, kinds: set[str], labels: dict[str, str]
+    ) -> Action | None:
         """Turn a received message into a started attempt, or settle it (skip, expire, hand back)."""
-        consumer = self._consumers[int(msg.topic_name().rsplit(".q", 1)[-1])]
         props = msg.properties()
         reply_to = props.get("eb-reply-to", "")
         try:
