@@ -167,6 +167,15 @@ async def test_bad_input_gets_a_clear_error_from_the_service(rig: Rig) -> None:
         await rig.planner.submit("pick", "x" * 300_000)
     with pytest.raises(ActionError, match="not JSON-serializable"):
         await rig.planner.submit("pick", {1, 2})
+    with pytest.raises(ActionError, match="invalid action kind"):
+        await rig.planner.submit("pick up!")
+    # a client that skips validation gets the same answers from the queue itself
+    with pytest.raises(ActionError, match="priority"):
+        await rig.planner._call({"op": "submit", "actions": [{"kind": "pick", "priority": 99}]})
+    with pytest.raises(ActionError, match="with a kind"):
+        await rig.planner._call({"op": "submit", "actions": [{"payload": 1}]})
+    with pytest.raises(ActionError, match="unknown request"):
+        await rig.planner._call({"op": "teleport"})
 
 
 async def test_an_urgent_action_overtakes_queued_routine_ones(rig: Rig) -> None:
