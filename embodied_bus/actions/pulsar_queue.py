@@ -321,7 +321,10 @@ async def _send(producer: Any, data: bytes, **kwargs: Any) -> None:
             else:
                 fut.set_exception(BusConnectionError(f"Pulsar did not persist an action message: {result}"))
 
-        loop.call_soon_threadsafe(settle)
+        try:
+            loop.call_soon_threadsafe(settle)
+        except RuntimeError:  # the loop is closed: nobody waits any more (never raise into C++)
+            pass
 
     producer.send_async(data, sent, **kwargs)
     await fut
@@ -648,8 +651,7 @@ class PulsarActionQueue:
         if self._reply_consumer is not None:
             return
 
-        def on_reply(consumer: Any, msg: Any) -> None:
-            consumer.acknowledge(msg)
+        def on_reply(msg: Any) -> None:
             props = msg.properties()
             aid, event = props.get("eb-id", ""), props.get("eb-event", "")
             topic = f"actions/{'result' if event == 'result' else 'fb'}/{aid}"
@@ -658,14 +660,37 @@ class PulsarActionQueue:
             for cb in list(self._listeners.get(aid, [])):
                 cb(topic, msg.data())
 
+        def receive(consumer: Any) -> None:
+            # A plain thread that stops with the queue (closed before the bus): no client thread
+            # calls into Python after close.
+            while not self._stop.is_set():
+                try:
+                    msg = consumer.receive(timeout_millis=200)
+                except pulsar.Timeout:
+                    continue
+                except pulsar.PulsarException:
+                    if self._stop.is_set() or self.engine._closed:
+                        return
+                    self._stop.wait(0.2)
+                    continue
+                try:
+                    consumer.acknowledge(msg)
+                    on_reply(msg)
+                except Exception as err:  # a closed loop or a bad reply never stops the thread
+                    _log.debug("reply not delivered: %s", err)
+
         try:
             self._reply_consumer = await asyncio.to_thread(
                 self._client.subscribe,
                 self.topics.reply(self.name),
                 f"eb-planner-{self.name}",
                 consumer_type=pulsar.ConsumerType.Exclusive,
-                message_listener=on_reply,
             )
+            t = threading.Thread(
+                target=receive, args=(self._reply_consumer,), name="eb-actions-replies", daemon=True
+            )
+            self._pull_threads.append(t)
+            t.start()
         except pulsar.PulsarException as err:
             raise _to_thread_error("opening the reply topic", err) from err
 

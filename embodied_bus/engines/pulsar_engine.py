@@ -48,9 +48,10 @@ PULSAR_MAX_MESSAGE_BYTES = 5 * 1024 * 1024 - 10 * 1024
 MAX_PENDING_CHUNKED = 64
 
 _logger = logging.getLogger("embodied_bus.pulsar")
-_client_logger = logging.getLogger("pulsar")
-if _client_logger.level == logging.NOTSET:
-    _client_logger.setLevel(logging.WARNING)
+#: The C++ client logs natively (warnings and errors, to stderr). A Python logger would be called
+#: from the client's I/O threads, also while the interpreter shuts down, and a thread that needs
+#: the GIL then is ended by Python mid-C++ frame: the process aborts (std::terminate).
+_client_log_level = pulsar.LoggerLevel.Warn
 
 
 def stream_topic(settings: PulsarSettings, stream: str) -> str:
@@ -353,7 +354,7 @@ class PulsarEngine(Engine):
         kwargs: dict[str, Any] = {
             "operation_timeout_seconds": max(1, round(settings.connect_timeout_s)),
             "connection_timeout_ms": int(settings.connect_timeout_s * 1000),
-            "logger": _client_logger,
+            "logger": pulsar.ConsoleLogger(_client_log_level),
         }
         if settings.service_url.startswith("pulsar+ssl"):
             kwargs["use_tls"] = True
