@@ -170,6 +170,13 @@ def test_send_and_dlq_commands_show_results_and_dead_letters(
             timeout=60,
         )
         assert junk.returncode == 1 and "not valid JSON" in junk.stderr
+        ghost = subprocess.run(
+            [*CLI, "send", "ghost_kind", "--bus", port_url, "--ns", ns, "--wait", "--timeout", "4"],
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+        assert ghost.returncode != 0 and "no live executor runs 'ghost_kind'" in ghost.stderr
     finally:
         for p in (ex, queue):
             if p is not None:

@@ -10,7 +10,7 @@ import uuid
 from collections.abc import Awaitable, Callable
 from typing import Any
 
-from embodied_bus.actions.model import Action, ActionError, action_from_dict
+from embodied_bus.actions.model import Action, ActionError, action_from_dict, executors_with
 from embodied_bus.actions.policy import DEFAULT_RETRY, PermanentFailure, RetryPolicy
 from embodied_bus.actions.service import EXECUTOR_GROUP, SERVICE
 from embodied_bus.bus import Bus
@@ -250,8 +250,6 @@ class Executor:
 
         group = await self.bus.engine.watch_group(EXECUTOR_GROUP, lambda *_: None)
         if self._pulsar is not None:
-            from embodied_bus.actions.pulsar_queue import executors_with
-
             subs = []
             self._pulsar.live_executors = lambda kind: executors_with(group.members(), kind)
             await self._pulsar.listen_wake(lambda: woken("", b""), kinds)

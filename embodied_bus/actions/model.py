@@ -6,6 +6,7 @@ import enum
 import json
 import re
 import uuid
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -22,6 +23,7 @@ __all__ = [
     "action_from_dict",
     "decode_action",
     "encode_action",
+    "executors_with",
 ]
 
 #: Largest JSON payload of an action, in bytes.
@@ -247,3 +249,17 @@ def action_from_dict(d: Any, *, check_payload: bool = True) -> Action:
     except (TypeError, ValueError, OverflowError) as err:
         raise ActionError(f"action envelope is malformed: {err}") from err
     return action.validate(check_payload=check_payload)
+
+
+def executors_with(members: Mapping[str, str], kind: str) -> list[str]:
+    """Live executors that run ``kind``, from executor-group members (name → the JSON value
+    executors announce, ``{"kinds": [...]}``)."""
+    out = []
+    for member, value in members.items():
+        try:
+            kinds: Any = json.loads(value).get("kinds", [])
+        except (ValueError, AttributeError):
+            kinds = []
+        if isinstance(kinds, list) and kind in kinds:
+            out.append(member)
+    return out

@@ -53,7 +53,7 @@ import threading
 import time
 import uuid
 from collections import OrderedDict, deque
-from collections.abc import Callable, Iterable
+from collections.abc import Callable
 from dataclasses import dataclass, replace
 from typing import Any
 
@@ -960,16 +960,3 @@ def _timedelta(seconds: float) -> Any:
     from datetime import timedelta
 
     return timedelta(seconds=seconds)
-
-
-def executors_with(members: dict[str, str], kind: str) -> list[str]:
-    """Live executors (group member → announced JSON kinds) that can run ``kind``."""
-    out = []
-    for member, value in members.items():
-        try:
-            kinds: Iterable[str] = json.loads(value).get("kinds", [])
-        except (ValueError, AttributeError):
-            kinds = []
-        if kind in kinds:
-            out.append(member)
-    return out

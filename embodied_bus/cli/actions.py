@@ -11,6 +11,8 @@ import time
 from typing import Any
 
 from embodied_bus.actions import DEFAULT_RETRY, ActionError, Executor, Planner, QueueService, RetryPolicy
+from embodied_bus.actions.model import executors_with
+from embodied_bus.actions.service import EXECUTOR_GROUP
 from embodied_bus.bus import open_bus
 from embodied_bus.cli.common import add_bus_args, fmt_table, install_stop_signals
 from embodied_bus.errors import BusConfigError
@@ -162,7 +164,12 @@ async def _send(args: argparse.Namespace, planner: Planner, payload: Any) -> int
     if not args.wait:
         print(json.dumps({"id": h.id, "duplicate": h.duplicate}))
         return 0
-    done = await h.result(timeout_s=args.timeout)
+    watcher = asyncio.create_task(_warn_without_executor(planner, args.kind))
+    try:
+        done = await h.result(timeout_s=args.timeout)
+    finally:
+        watcher.cancel()
+        await asyncio.gather(watcher, return_exceptions=True)
     print(
         json.dumps(
             {
@@ -176,6 +183,35 @@ async def _send(args: argparse.Namespace, planner: Planner, payload: Any) -> int
         )
     )
     return 0 if done.status.value == "succeeded" else 1
+
+
+#: How long `send --wait` gives executors to show up before it warns that none runs the kind, s.
+EXECUTOR_GRACE_S = 2.0
+
+
+async def _warn_without_executor(planner: Planner, kind: str) -> None:
+    """Tell the user (stderr) when no live executor has announced ``kind``: the action then
+    waits in the queue until one does, which otherwise looks like a hang."""
+    live: dict[str, str] = {}
+
+    def changed(member: str, value: str, joined: bool) -> None:
+        if joined:
+            live[member] = value
+        else:
+            live.pop(member, None)
+
+    group = await planner.bus.engine.watch_group(EXECUTOR_GROUP, changed)
+    try:
+        await asyncio.sleep(EXECUTOR_GRACE_S)
+        if not executors_with(live, kind):
+            print(
+                f"warning: no live executor runs {kind!r} (executors seen: {sorted(live) or 'none'}); "
+                "the action stays queued until one does",
+                file=sys.stderr,
+                flush=True,
+            )
+    finally:
+        await group.leave()
 
 
 async def run_dlq(args: argparse.Namespace) -> int:
