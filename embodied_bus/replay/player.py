@@ -247,6 +247,33 @@ def _sample_stamp(m: RecordedMessage, opts: ReplayOptions) -> tuple[int, bool]:
     return m.log_time_ns, opts.stamp == "header"
 
 
+class _PastWindow(Exception):
+    """A message beyond ``--duration``: the pass ends."""
+
+
+class _Window:
+    """Where a message falls in the replayed window (``--start`` / ``--duration``), shared by
+    the fast and the timed pass."""
+
+    def __init__(self, opts: ReplayOptions, summary: ReplaySummary) -> None:
+        self._start_ns = int(opts.start_s * 1e9)
+        self._span_ns = int(opts.duration_s * 1e9) if opts.duration_s is not None else None
+        self._summary = summary
+        self.first_log: int | None = None
+
+    def place(self, m: RecordedMessage) -> int | None:
+        """Nanoseconds since the window opened; None before it (raises _PastWindow after it)."""
+        if self.first_log is None:
+            self.first_log = m.log_time_ns + self._start_ns
+        rel = m.log_time_ns - self.first_log
+        if rel < 0:
+            return None
+        if self._span_ns is not None and rel > self._span_ns:
+            raise _PastWindow
+        self._summary.recording_s = max(self._summary.recording_s, rel / 1e9)
+        return rel
+
+
 def _fast_pass(
     bus: Bus,
     loop: asyncio.AbstractEventLoop,
@@ -259,8 +286,7 @@ def _fast_pass(
 ) -> None:
     """``--fast``: read and publish in one worker thread, in log order, as fast as the engine
     accepts (no clock, no hand-offs between threads per message)."""
-    first_log: int | None = None
-    span_ns = int(opts.duration_s * 1e9) if opts.duration_s is not None else None
+    window = _Window(opts, summary)
     for item in read_recording(
         paths, topics=opts.topics, decode=False, on_open=lambda info: _plan(summary, opts, info)
     ):
@@ -270,14 +296,12 @@ def _fast_pass(
             summary.skipped.setdefault(item.topic, f"{item.msgtype}: {item.reason}")
             continue
         m: RecordedMessage = item
-        if first_log is None:
-            first_log = m.log_time_ns + int(opts.start_s * 1e9)
-        rel = m.log_time_ns - first_log
-        if rel < 0:
-            continue
-        if span_ns is not None and rel > span_ns:
+        try:
+            rel = window.place(m)
+        except _PastWindow:
             return
-        summary.recording_s = max(summary.recording_s, rel / 1e9)
+        if rel is None:
+            continue
         pub = pubs.get(m.topic)
         if pub is None:
             made = asyncio.run_coroutine_threadsafe(
@@ -302,9 +326,8 @@ async def _one_pass(
     stop: asyncio.Event | None,
     progress: Callable[[float, int], None] | None,
 ) -> None:
-    first_log: int | None = None
+    window = _Window(opts, summary)
     t0 = 0.0
-    span_ns = None
     async for item in _read_ahead(paths, opts.topics, opts):
         if stop is not None and stop.is_set():
             return
@@ -312,28 +335,24 @@ async def _one_pass(
             summary.skipped.setdefault(item.topic, f"{item.msgtype}: {item.reason}")
             continue
         m: RecordedMessage = item
-        if first_log is None:
-            first_log = m.log_time_ns + int(opts.start_s * 1e9)
+        if window.first_log is None:
             t0 = time.monotonic()
-            if opts.duration_s is not None:
-                span_ns = int(opts.duration_s * 1e9)
-        rel = m.log_time_ns - first_log
-        if rel < 0:
-            continue
-        if span_ns is not None and rel > span_ns:
+        try:
+            rel = window.place(m)
+        except _PastWindow:
             return
-        summary.recording_s = max(summary.recording_s, rel / 1e9)
+        if rel is None:
+            continue
         pub = pubs.get(m.topic)
         if pub is None:
             pub = pubs[m.topic] = await _publisher(bus, opts, m.topic, m.msgtype, m.frame_id)
-        if not opts.fast:
-            due = t0 + rel / 1e9 / opts.rate
-            delay = due - time.monotonic()
-            if delay > SPIN_S:
-                await asyncio.sleep(delay - SPIN_S)
-            while time.monotonic() < due:
-                pass
-            summary.timing_errors_ms.append((time.monotonic() - due) * 1e3)
+        due = t0 + rel / 1e9 / opts.rate  # the timed pass (--fast has its own)
+        delay = due - time.monotonic()
+        if delay > SPIN_S:
+            await asyncio.sleep(delay - SPIN_S)
+        while time.monotonic() < due:
+            pass
+        summary.timing_errors_ms.append((time.monotonic() - due) * 1e3)
         stamp, fallback = _sample_stamp(m, opts)
         summary.stamp_fallbacks += fallback
         await pub.publish(m.cdr, stamp_ns=stamp, frame_id=m.frame_id, stamp_fallback=fallback)
