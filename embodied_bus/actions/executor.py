@@ -90,7 +90,7 @@ class Executor:
         if bus.engine.name == "pulsar":
             from embodied_bus.actions.pulsar_queue import PulsarActionQueue
 
-            self._pulsar = PulsarActionQueue(bus.engine, policy, concurrency=concurrency)  # type: ignore[arg-type]
+            self._pulsar = PulsarActionQueue(bus.engine, policy)  # type: ignore[arg-type]
         #: Outcomes the queue did not accept (lease lost or service unreachable).
         self.unreported = 0
         self.bus = bus

@@ -55,6 +55,7 @@ import uuid
 from collections import OrderedDict, deque
 from collections.abc import Callable
 from dataclasses import dataclass, replace
+from datetime import timedelta
 from typing import Any
 
 import pulsar
@@ -150,12 +151,9 @@ class StateLog:
         self.actions: dict[str, Action] = {}
         self._ended: deque[str] = deque()
         self.idem: dict[str, str] = {}
-        self._purged: set[str] = set()
         self._lock = threading.Lock()
         self._reader: Any = None
         self._producer: Any = None
-        #: Called (on the reader thread) with each applied action.
-        self.on_update: Callable[[Action], None] | None = None
 
     async def open(self) -> None:
         client = self._engine.client
@@ -194,20 +192,15 @@ class StateLog:
         with self._lock:
             old = self.actions.get(aid)
             if event == "cancel":
-                if old is not None and not old.status.terminal:
+                if old is None:  # a cancel that came before the submit
+                    self.actions[aid] = Action("unknown", id=aid, cancel_requested=True)
+                elif not old.status.terminal:
                     old.cancel_requested = True
-                    changed: Action | None = old
-                else:
-                    changed = None
-                    if old is None:
-                        self._purged.discard(aid)
-                        self.actions[aid] = Action("unknown", id=aid, cancel_requested=True)
             elif event == "purge":
                 for dead in json.loads(msg.data()):
                     a = self.actions.get(dead)
                     if a is not None and a.status is ActionStatus.DEAD:
                         del self.actions[dead]
-                changed = None
             else:
                 try:
                     new = decode_action(msg.data())
@@ -230,9 +223,6 @@ class StateLog:
                     self.idem[new.idempotency_key] = new.id
                 if new.status.terminal:
                     self._forget_old(new.id)
-                changed = new
-        if changed is not None and self.on_update is not None:
-            self.on_update(changed)
 
     def _forget_old(self, action_id: str) -> None:
         """Keep at most :data:`VIEW_ENDED_LIMIT` ended actions in memory (oldest go first; the
@@ -378,12 +368,9 @@ class PulsarActionQueue:
     Args:
         engine: An open Pulsar engine.
         policy: Retry policy (backoff, attempt limit).
-        concurrency: Executor side: handlers run at once (informational; the executor leases).
     """
 
-    def __init__(
-        self, engine: PulsarEngine, policy: RetryPolicy = DEFAULT_RETRY, *, concurrency: int = 1
-    ) -> None:
+    def __init__(self, engine: PulsarEngine, policy: RetryPolicy = DEFAULT_RETRY) -> None:
         self.engine = engine
         self.policy = policy
         self.topics = ActionTopics.of(engine)
@@ -401,7 +388,6 @@ class PulsarActionQueue:
         self._result_listener: Callable[[str, bytes], None] | None = None
         self._wake_callbacks: list[Callable[[], None]] = []
         # executor side
-        self.concurrency = concurrency
         self._consumers: dict[int, Any] = {}
         self._ready: list[tuple[int, int, Any]] = []  # (-priority, seq, message)
         self._ready_lock = threading.Lock()
@@ -530,7 +516,7 @@ class PulsarActionQueue:
         if deliver_after_s > 0:
             # the broker delays by whole ticks (delayedDeliveryTickTimeMillis, 1 s by default) and
             # delivers shorter delays at once; the executor waits out the rest (eb-not-before-ns)
-            kwargs["deliver_after"] = _timedelta(deliver_after_s)
+            kwargs["deliver_after"] = timedelta(seconds=deliver_after_s)
             props["eb-not-before-ns"] = str(time.time_ns() + int(deliver_after_s * 1e9))
         await _send(producer, encode_action(a), **kwargs)
 
@@ -860,6 +846,8 @@ class PulsarActionQueue:
         tried = a.executors_tried()
         fresh = set(self.live_executors(a.kind)) - tried - {executor}
         if executor in tried and fresh and self._handbacks.get(a.id, 0) < MAX_HANDBACKS:
+            if len(self._handbacks) > 10_000:  # actions handed back and then run elsewhere
+                self._handbacks.clear()
             self._handbacks[a.id] = self._handbacks.get(a.id, 0) + 1
             consumer.negative_acknowledge(msg)  # a live executor that has not failed it retries it
             return None
@@ -954,9 +942,3 @@ class PulsarActionQueue:
         finally:
             self._slot_freed(a.id)
         return {"status": a.status.value}
-
-
-def _timedelta(seconds: float) -> Any:
-    from datetime import timedelta
-
-    return timedelta(seconds=seconds)
