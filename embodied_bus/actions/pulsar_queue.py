@@ -247,8 +247,11 @@ class StateLog:
         deadline = loop.time() + timeout_s
         while True:
             try:
-                behind = await asyncio.to_thread(self._reader.has_message_available)
-            except pulsar.PulsarException as err:
+                behind = await asyncio.wait_for(
+                    asyncio.to_thread(self._reader.has_message_available),
+                    max(0.1, deadline - loop.time()),
+                )
+            except (pulsar.PulsarException, TimeoutError) as err:
                 behind = True
                 if loop.time() > deadline:
                     raise _to_thread_error("reading the state log", err) from err
@@ -282,15 +285,25 @@ class StateLog:
     async def close(self) -> None:
         for h in (self._reader, self._producer):
             if h is not None:
-                try:
-                    await asyncio.to_thread(h.close)
-                except pulsar.PulsarException:
-                    pass
+                await _close(h)
 
 
 def _resolve(fut: asyncio.Future[None]) -> None:
     if not fut.done():
         fut.set_result(None)
+
+
+#: Longest wait for a producer, consumer or reader to close, seconds (a reader that cannot
+#: reconnect after a broker crash can block its close).
+CLOSE_TIMEOUT_S = 5.0
+
+
+async def _close(handle: Any) -> None:
+    """Close a client handle, bounded by :data:`CLOSE_TIMEOUT_S` (then left to the client)."""
+    try:
+        await asyncio.wait_for(asyncio.to_thread(handle.close), CLOSE_TIMEOUT_S)
+    except (pulsar.PulsarException, TimeoutError) as err:
+        _log.debug("close did not finish: %s", err)
 
 
 def _copy(a: Action) -> Action:
@@ -350,10 +363,7 @@ class _Producers:
 
     async def close(self) -> None:
         for p in self._open.values():
-            try:
-                await asyncio.to_thread(p.close)
-            except pulsar.PulsarException:
-                pass
+            await _close(p)
         self._open.clear()
 
 
@@ -452,10 +462,7 @@ class PulsarActionQueue:
         handles = [*self._consumers.values(), self._reply_consumer]
         for h in handles:
             if h is not None:
-                try:
-                    await asyncio.to_thread(h.close)
-                except pulsar.PulsarException:
-                    pass
+                await _close(h)
         await self._producers.close()
         await self._reply_producers.close()
         await self.state.close()
