@@ -31,6 +31,7 @@ __all__ = [
 
 #: Remembered (publisher, seq) pairs per stream for duplicate detection.
 _SEEN_WINDOW = 4096
+_STAMP_FALLBACK = int(HeaderFlags.STAMP_FALLBACK)
 
 
 @dataclass(frozen=True, slots=True)
@@ -156,6 +157,12 @@ class Assembler:
             + [spec.age_ns(s) for s in spec.streams if s.pick is Pick.HOLD_LAST]
         )
         self.stats = AssemblerStats(presence={s.name: 0 for s in spec.streams})
+        #: (bucket, stream) whose undecided pick held back the oldest open bucket at the last
+        #: decision: until that stream (or the reference) gets a sample, nothing else can decide it.
+        self._blocker: tuple[int, _Stream] | None = None
+        self._jump_ns = spec.jump_ns
+        self._width_ns = self.clock.width_ns
+        self._offset_ns = self.clock.offset_ns
 
     # ------------------------------------------------------------------ input
     def push(self, sample: Sample) -> list[Event]:
@@ -164,25 +171,32 @@ class Assembler:
         if st is None:
             self.stats.ignored += 1
             return []
-        self.stats.samples += 1
+        stats = self.stats
+        stats.samples += 1
         events: list[Event] = []
         h = sample.header
-        fallback = bool(h.flags & HeaderFlags.STAMP_FALLBACK) or h.stamp_ns == 0
-        stamp = (sample.receive_ns if h.stamp_ns == 0 else h.stamp_ns) + st.spec.clock_offset_ns
+        stamp = h.stamp_ns
+        if stamp == 0:
+            stamp = sample.receive_ns
+            fallback = True
+        else:
+            fallback = bool(int(h.flags) & _STAMP_FALLBACK)
+        stamp += st.spec.clock_offset_ns
         if fallback:
-            self.stats.stamp_fallbacks += 1
+            stats.stamp_fallbacks += 1
         key = (h.publisher_id, h.seq)
-        if key in st.seen:
-            self.stats.duplicates += 1
+        seen = st.seen
+        if key in seen:
+            stats.duplicates += 1
             return events
-        st.seen.add(key)
-        st.seen_order.append(key)
-        if len(st.seen_order) > _SEEN_WINDOW:
-            st.seen.discard(st.seen_order.popleft())
-        if st.last_stamp is not None and (
-            stamp < st.last_stamp - self.spec.jump_ns or stamp > st.last_stamp + self.spec.jump_ns
-        ):
-            jump = StampJump(st.spec.name, st.last_stamp, stamp)
+        seen.add(key)
+        order = st.seen_order
+        order.append(key)
+        if len(order) > _SEEN_WINDOW:
+            seen.discard(order.popleft())
+        last = st.last_stamp
+        if last is not None and abs(stamp - last) > self._jump_ns:
+            jump = StampJump(st.spec.name, last, stamp)
             self.stats.stamp_jumps += 1
             events.append(jump)
             if jump.backwards:
@@ -196,7 +210,8 @@ class Assembler:
                     self._event_time_ns = None
                 else:
                     st.reset()
-        bucket = self.clock.bucket_of(stamp)
+                self._blocker = None
+        bucket = (stamp - self._offset_ns) // self._width_ns
         entry = _Entry(stamp, sample, fallback)
         if self._emitted_upto is not None and bucket <= self._emitted_upto:
             decided = self._decided.get(bucket)
@@ -231,7 +246,7 @@ class Assembler:
         if bucket not in self._open_set:
             self._open_set.add(bucket)
             bisect.insort(self._open, bucket)
-        events.extend(self._emit_ready())
+        events.extend(self._emit_ready(st))
         return events
 
     def advance(self, watermark_ns: int) -> list[Event]:
@@ -270,6 +285,7 @@ class Assembler:
             st.seen_order.clear()
         self._open.clear()
         self._open_set.clear()
+        self._blocker = None
 
     @property
     def open_bucket_ids(self) -> frozenset[int]:
@@ -291,14 +307,30 @@ class Assembler:
         """The furthest stamp observed (or declared with :meth:`advance`); look-ahead excluded."""
         return self._event_time_ns
 
-    def _emit_ready(self) -> list[Event]:
+    def _emit_ready(self, changed: _Stream | None = None) -> list[Event]:
+        """Emit the oldest buckets that are decided (or past the lateness bound).
+
+        Args:
+            changed: The only stream whose samples or watermark changed since the last call
+                (None: any may have). A bucket held back by another stream's pick is not
+                re-examined: its decision cannot have changed.
+        """
         events: list[Event] = []
         while self._open:
             b = self._open[0]
-            decided = self._decide(b, forced=False)
-            if decided is not None:
-                events.extend(self._finish(b, decided, forced=False))
-                continue
+            blk = self._blocker
+            if (
+                changed is None
+                or blk is None
+                or blk[0] != b
+                or blk[1] is changed
+                or changed is self._ref
+                or blk[1].spec.max_delay_ns is not None  # moved by any stream's stamps
+            ):
+                decided = self._decide(b, forced=False)
+                if decided is not None:
+                    events.extend(self._finish(b, decided, forced=False))
+                    continue
             top = self._event_time()
             if top is not None and top >= self.clock.end_ns(b) + self.spec.lateness_ns:
                 events.extend(self._emit(b, forced=True))
@@ -311,11 +343,19 @@ class Assembler:
         assert decided is not None
         return self._finish(b, decided, forced)
 
+    def _watermark(self, st: _Stream, default: int) -> int:
+        """The stream's watermark, moved up by the event time for a stream with ``max_delay``."""
+        wm = st.watermark if st.watermark is not None else default
+        delay = st.spec.max_delay_ns
+        if delay is not None and self._event_time_ns is not None and self._event_time_ns - delay > wm:
+            return self._event_time_ns - delay
+        return wm
+
     def _reference(self, b: int, forced: bool) -> tuple[int, _Entry | None] | None:
         start, end = self.clock.start_ns(b), self.clock.end_ns(b)
         st = self._ref
         cands = st.between(start, end)
-        wm = st.watermark if st.watermark is not None else start - 1
+        wm = self._watermark(st, start - 1)
         if st.spec.pick is Pick.LATEST:
             if wm >= end or forced:
                 return (cands[-1].stamp_ns, cands[-1]) if cands else ((start + end) // 2, None)
@@ -334,7 +374,7 @@ class Assembler:
         """Entries of ``st`` for bucket ``b`` with reference ``r``; None if undecided."""
         spec = st.spec
         start, end = self.clock.start_ns(b), self.clock.end_ns(b)
-        wm = st.watermark if st.watermark is not None else -(2**62)
+        wm = self._watermark(st, -(2**62))
         pick = spec.pick
         if pick is Pick.NEAREST:
             skew = self.spec.skew_ns(spec)
@@ -387,6 +427,7 @@ class Assembler:
     def _decide(self, b: int, forced: bool) -> tuple[int, dict[str, list[_Entry]], dict[str, float]] | None:
         ref = self._reference(b, forced)
         if ref is None:
+            self._blocker = (b, self._ref)
             return None
         r, ref_entry = ref
         picked: dict[str, list[_Entry]] = {self._ref.spec.name: [ref_entry] if ref_entry else []}
@@ -396,10 +437,12 @@ class Assembler:
                 continue
             got = self._pick(st, b, r, forced)
             if got is None:
+                self._blocker = (b, st)
                 return None
             picked[name] = got[0]
             if got[1] is not None:
                 interp[name] = got[1]
+        self._blocker = None
         return r, picked, interp
 
     def _finish(

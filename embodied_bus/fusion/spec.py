@@ -108,6 +108,11 @@ class StreamSpec:
             period)`` samples in a bucket is decided at once, without waiting for its first
             sample past the bucket (lower latency; a jittery sensor whose next sample still
             lands in the bucket then has it counted late). False: wait for the watermark.
+        max_delay_ns: Longest a sample of this stream arrives after its stamp, measured in
+            event time (the furthest stamp seen on any stream). Past it, a sample that has not
+            come is taken as lost, so a lost GPS fix no longer holds frames back until the
+            lateness bound (it is counted late if it still comes). None: only the stream's own
+            samples move its watermark.
     """
 
     name: str
@@ -119,6 +124,7 @@ class StreamSpec:
     clock_offset_ns: int = 0
     lookahead: float = DEFAULT_LOOKAHEAD
     complete_by_count: bool = True
+    max_delay_ns: int | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -200,6 +206,7 @@ _STREAM_KEYS = {
     "clock_offset_ms",
     "lookahead",
     "complete_by_count",
+    "max_delay_ms",
 }
 
 
@@ -263,6 +270,9 @@ def spec_from_dict(doc: Mapping[str, Any], *, where: str = "fusion") -> FusionSp
                 clock_offset_ns=_ms(f"{w}.clock_offset_ms", opts.get("clock_offset_ms", 0), positive=False),
                 lookahead=float(lookahead),
                 complete_by_count=by_count,
+                max_delay_ns=_ms(f"{w}.max_delay_ms", opts["max_delay_ms"])
+                if "max_delay_ms" in opts
+                else None,
             )
         )
     refs = [s.name for s in streams if s.role is Role.REFERENCE]
