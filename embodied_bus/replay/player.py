@@ -8,7 +8,7 @@ import sys
 import threading
 import time
 from collections import Counter
-from collections.abc import AsyncIterator, Callable, Mapping, Sequence
+from collections.abc import AsyncIterator, Callable, Generator, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -221,6 +221,64 @@ async def _read_ahead(
         cancelled.set()
 
 
+def _batches_ahead(
+    items: Iterator[Any], batch: int = 256, depth: int = 8
+) -> Generator[list[Any], None, None]:
+    """Run ``items`` in a named thread and yield its items in lists of up to ``batch``.
+
+    ``--fast`` uses it so that reading (bz2/lz4 decompression releases the GIL) overlaps
+    publishing. Closing the returned generator stops the thread; an exception in the reader is
+    re-raised here.
+    """
+    q: queue.Queue[Any] = queue.Queue(maxsize=depth)
+    cancelled = threading.Event()
+
+    def put(item: Any) -> bool:
+        while not cancelled.is_set():
+            try:
+                q.put(item, timeout=0.2)
+                return True
+            except queue.Full:
+                continue
+        return False
+
+    def produce() -> None:
+        chunk: list[Any] = []
+        try:
+            for item in items:
+                chunk.append(item)
+                if len(chunk) >= batch:
+                    if not put(chunk):
+                        return
+                    chunk = []
+        except BaseException as err:  # re-raised in the consumer
+            if chunk:
+                put(chunk)
+            put(err)
+            return
+        finally:
+            close = getattr(items, "close", None)
+            if close is not None and cancelled.is_set():
+                close()
+        if chunk:
+            put(chunk)
+        put(_END)
+
+    th = threading.Thread(target=produce, name="eb-replay-reader", daemon=True)
+    th.start()
+    try:
+        while True:
+            got = q.get()
+            if got is _END:
+                return
+            if isinstance(got, BaseException):
+                raise got
+            yield got
+    finally:
+        cancelled.set()
+        th.join(5.0)
+
+
 async def _publisher(bus: Bus, opts: ReplayOptions, topic: str, msgtype: str, frame_id: str) -> Publisher:
     return await bus.publisher(
         opts.mapping.get(topic) or topic_to_stream(topic),
@@ -287,11 +345,32 @@ def _fast_pass(
     """``--fast``: read and publish in one worker thread, in log order, as fast as the engine
     accepts (no clock, no hand-offs between threads per message)."""
     window = _Window(opts, summary)
-    for item in read_recording(
+    reader = read_recording(
         paths, topics=opts.topics, decode=False, on_open=lambda info: _plan(summary, opts, info)
-    ):
-        if stop is not None and stop.is_set():
-            return
+    )
+    batches = _batches_ahead(reader)
+    try:
+        for batch in batches:
+            if stop is not None and stop.is_set():
+                return
+            if not _publish_fast(bus, loop, batch, opts, summary, pubs, window, progress):
+                return
+    finally:
+        batches.close()
+
+
+def _publish_fast(
+    bus: Bus,
+    loop: asyncio.AbstractEventLoop,
+    batch: list[RecordedMessage | SkippedTopic],
+    opts: ReplayOptions,
+    summary: ReplaySummary,
+    pubs: dict[str, Publisher],
+    window: _Window,
+    progress: Callable[[float, int], None] | None,
+) -> bool:
+    """Publish one batch of ``--fast``; False once the replay window is past."""
+    for item in batch:
         if isinstance(item, SkippedTopic):
             summary.skipped.setdefault(item.topic, f"{item.msgtype}: {item.reason}")
             continue
@@ -299,7 +378,7 @@ def _fast_pass(
         try:
             rel = window.place(m)
         except _PastWindow:
-            return
+            return False
         if rel is None:
             continue
         pub = pubs.get(m.topic)
@@ -315,6 +394,7 @@ def _fast_pass(
         if progress is not None and summary.messages[m.topic] % 64 == 0:
             done = rel / 1e9 / summary.planned_s if summary.planned_s > 0 else 1.0
             progress(min(1.0, done), sum(summary.messages.values()))
+    return True
 
 
 async def _one_pass(

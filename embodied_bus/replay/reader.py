@@ -15,6 +15,7 @@ from typing import Any
 
 from embodied_bus.errors import EmbodiedBusError
 from embodied_bus.ros.conversions import typestore
+from embodied_bus.ros.ros1_cdr import Ros1ToCdr, compile_ros1_to_cdr
 
 __all__ = [
     "RecordedMessage",
@@ -180,6 +181,7 @@ def read_recording(
         rebuild: set[int] = set()
         norms: dict[int, str] = {}
         direct: dict[int, bool] = {}  # ROS 1 topics converted bytes-to-bytes; value: header first
+        compiled: dict[int, Ros1ToCdr] = {}  # of those, the ones with a single-pass converter
         probed: set[int] = set()
         checked: set[int] = set()
         header_first: dict[int, bool | None] = {}
@@ -191,7 +193,11 @@ def read_recording(
                 if ros1 and not decode and conn.id in direct:
                     # Checked on the first message of this topic: converting the ROS 1 bytes
                     # straight to ROS 2 CDR gives the same bytes as deserialize + serialize.
-                    cdr = bytes(ros2.ros1_to_cdr(raw, norm))
+                    fast = compiled.get(conn.id)
+                    try:
+                        cdr = fast(raw) if fast is not None else bytes(ros2.ros1_to_cdr(raw, norm))
+                    except (ValueError, struct.error):  # let rosbags name what is wrong
+                        cdr = bytes(ros2.ros1_to_cdr(raw, norm))
                     stamp_ns, frame_id = _cdr_header(cdr) if direct[conn.id] else (0, "")
                     yield RecordedMessage(conn.topic, norm, int(log_ns), stamp_ns, frame_id, cdr, None)
                     continue
@@ -220,6 +226,12 @@ def read_recording(
                             same = False
                         if same:
                             direct[conn.id] = bool(_has_header_first(ros2, norm))
+                            fast = compile_ros1_to_cdr(ros2, norm)
+                            try:  # byte-identical to rosbags, or not used
+                                if fast is not None and fast(raw) == cdr:
+                                    compiled[conn.id] = fast
+                            except (ValueError, struct.error):
+                                pass
                 elif not decode and conn.id in checked and header_first.get(conn.id) is not None:
                     cdr = bytes(raw)
                     stamp_ns, frame_id = _cdr_header(cdr)
