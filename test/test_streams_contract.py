@@ -133,6 +133,25 @@ async def test_drop_oldest_keeps_the_latest_samples_and_counts_drops(bus_pair: B
     assert c["dropped"] == 96 and c["delivered"] == 4 and c["gaps"] == 0
 
 
+async def test_large_samples_kept_by_drop_oldest_arrive_intact_as_bytes(bus_pair: BusPair) -> None:
+    # above LAZY_COPY_BYTES Zenoh payloads are copied when taken; dropped ones never are
+    sub = await bus_pair.subscriber_bus.subscribe(
+        "lidar", options=SubscriptionOptions(capacity=2, backpressure=Backpressure.DROP_OLDEST)
+    )
+    pub = await bus_pair.publisher_bus.publisher("lidar", modality="lidar", options=BLOCK)
+    await _ready(pub, bus_pair)
+    payloads = [bytes([i]) * (256 * 1024) for i in range(6)]
+    for i, p in enumerate(payloads):
+        await pub.publish(p, stamp_ns=1_000 + i)
+    await pub.flush()
+    await wait_until(lambda: sub.counters()["received"] == 6, 20, "6 samples received")
+    got = [sub.recv_nowait() for _ in range(2)]
+    assert [s.seq for s in got if s] == [5, 6]
+    assert all(s is not None and type(s.payload) is bytes for s in got)
+    assert [s.payload for s in got if s] == payloads[4:]
+    assert sub.counters()["dropped"] == 4
+
+
 async def test_block_policy_is_lossless_with_a_slow_consumer(bus_pair: BusPair) -> None:
     sub = await bus_pair.subscriber_bus.subscribe(
         "cmd", options=SubscriptionOptions(capacity=4, backpressure=Backpressure.BLOCK)

@@ -17,6 +17,7 @@ from embodied_bus.model.wire import Header
 __all__ = [
     "AckFn",
     "Engine",
+    "EngineBuffer",
     "EnginePublisher",
     "EngineSubscriber",
     "GroupMembership",
@@ -28,11 +29,22 @@ __all__ = [
 AckFn = Callable[[], None]
 
 
+class EngineBuffer(Protocol):
+    """A received payload still owned by the engine (e.g. a Zenoh ``ZBytes``)."""
+
+    def __len__(self) -> int: ...
+
+    def to_bytes(self) -> bytes:
+        """Copy the payload out."""
+        ...
+
+
 class MessageSink(Protocol):
     """Receives what an engine delivers; called from engine threads."""
 
-    def deliver(self, header: Header, payload: bytes, ack: AckFn | None) -> None:
-        """A well-formed message."""
+    def deliver(self, header: Header, payload: bytes | EngineBuffer, ack: AckFn | None) -> None:
+        """A well-formed message. An :class:`EngineBuffer` payload is copied by the sink when
+        the application takes the sample, in the application's thread."""
 
     def reject(self, error: Exception, ack: AckFn | None) -> None:
         """A message whose header could not be decoded; ``error`` says why."""

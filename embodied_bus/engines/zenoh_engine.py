@@ -45,6 +45,12 @@ __all__ = ["ZenohEngine", "build_zenoh_config", "stream_key"]
 
 #: Shared-memory pool per publisher, in bytes (grows to fit a payload if needed).
 SHM_POOL_BYTES = 64 * 1024 * 1024
+#: Payloads at least this large are copied out of Zenoh by the consuming thread, not by
+#: Zenoh's receive thread (shared-memory payloads always at once, to free the segment). Zenoh
+#: reassembles messages above its 64 KiB batch into their own buffer, so holding one pins no
+#: receive batch.
+LAZY_COPY_BYTES = 64 * 1024
+_SHM_FLAG = int(HeaderFlags.SHM)
 #: Samples a BLOCK publisher may queue before ``publish`` awaits room.
 SENDER_HIGH_WATER = 1024
 
@@ -306,7 +312,14 @@ class _ZenohSubscriber(EngineSubscriber):
             except HeaderError as err:
                 reject(HeaderError(f"sample on {sample.key_expr}: {err}"), None)
                 return
-            deliver(header, sample.payload.to_bytes(), None)
+            payload = sample.payload
+            if len(payload) < LAZY_COPY_BYTES or header.flags & _SHM_FLAG:
+                deliver(header, payload.to_bytes(), None)
+            else:
+                # Copied when the application takes it, in its own thread: a large buffer is
+                # then allocated and freed by one thread (no page-fault churn across threads),
+                # and a sample dropped by drop_oldest is never copied at all.
+                deliver(header, payload, None)
 
         self._sub = engine.session.declare_subscriber(key, on_sample)
         self._closed = False

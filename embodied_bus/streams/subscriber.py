@@ -7,7 +7,7 @@ import logging
 import time
 from collections.abc import AsyncIterator, Callable
 
-from embodied_bus.engines.base import AckFn, EngineSubscriber
+from embodied_bus.engines.base import AckFn, EngineBuffer, EngineSubscriber
 from embodied_bus.errors import BusClosedError, PayloadTooLargeError
 from embodied_bus.model.qos import SubscriptionOptions
 from embodied_bus.model.sample import Sample
@@ -20,7 +20,8 @@ __all__ = ["Subscription"]
 
 _log = logging.getLogger("embodied_bus.streams")
 
-_Item = tuple[Sample, AckFn | None]
+#: A buffered sample, its ack, and the engine buffer its payload is still to be copied from.
+_Item = tuple[Sample, AckFn | None, EngineBuffer | None]
 
 
 class Subscription:
@@ -53,7 +54,7 @@ class Subscription:
         self._engine_sub = engine_sub
 
     # -- MessageSink (engine threads) ------------------------------------------------------
-    def deliver(self, header: Header, payload: bytes, ack: AckFn | None) -> None:
+    def deliver(self, header: Header, payload: bytes | EngineBuffer, ack: AckFn | None) -> None:
         """Called by the engine for each well-formed message."""
         if len(payload) > self.options.max_payload_bytes:
             self.reject(
@@ -73,9 +74,14 @@ class Subscription:
             if ack is not None:
                 ack()
             return
-        dropped = self._buffer.put((Sample(header, payload, now, verdict is Verdict.OUT_OF_ORDER), ack))
+        item: _Item
+        if isinstance(payload, bytes):
+            item = (Sample(header, payload, now, verdict is Verdict.OUT_OF_ORDER), ack, None)
+        else:  # copied in _take (never, if drop_oldest drops it first)
+            item = (Sample(header, b"", now, verdict is Verdict.OUT_OF_ORDER), ack, payload)
+        dropped = self._buffer.put(item)
         if dropped is not None:
-            sample, dropped_ack = dropped
+            sample, dropped_ack, _ = dropped
             self.stats[sample.header.stream].dropped += 1
             if dropped_ack is not None:
                 dropped_ack()
@@ -91,7 +97,9 @@ class Subscription:
 
     # -- application side ----------------------------------------------------------------
     def _take(self, item: _Item) -> Sample:
-        sample, ack = item
+        sample, ack, lazy = item
+        if lazy is not None:
+            sample.payload = lazy.to_bytes()
         if ack is not None:
             if self.options.auto_ack:
                 ack()
