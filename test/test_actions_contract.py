@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import json
 import uuid
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -20,6 +21,7 @@ from embodied_bus.actions import (
     QueueService,
     RetryPolicy,
 )
+from embodied_bus.actions.model import encode_action
 from embodied_bus.actions.service import EXECUTOR_GROUP
 
 from conftest import wait_until, zenoh_urls
@@ -34,6 +36,7 @@ class Rig:
         self.engine, self.planner, self.ex_bus, self.stop = engine, planner, ex_bus, stop
         self.tasks: list[asyncio.Task[None]] = []
         self.members: dict[str, bool] = {}
+        self.service: QueueService | None = None
 
     async def executors_up(self, n: int) -> None:
         await wait_until(lambda: sum(self.members.values()) >= n, 20, f"{n} executors announced")
@@ -67,6 +70,8 @@ async def rig(request: pytest.FixtureRequest, tmp_path: Path) -> AsyncIterator[R
     ex_bus = await open_bus(url_b, namespace=ns)
     planner = Planner(plan_bus, policy=FAST)
     rig = Rig(str(request.param), planner, ex_bus, stop)
+    if request.param == "zenoh":
+        rig.service = service
     group = await plan_bus.engine.watch_group(
         EXECUTOR_GROUP, lambda m, _v, joined: rig.members.__setitem__(m, joined)
     )
@@ -402,3 +407,71 @@ async def test_an_executor_running_many_short_actions_at_once_finishes_them_all(
     done = [await h.result(timeout_s=30) for h in handles]
     assert [d.result for d in done] == list(range(64)) and ex.unreported == 0
     assert all(d.attempt_count == 1 for d in done)
+
+
+async def test_an_executor_never_runs_more_actions_at_once_than_its_concurrency(rig: Rig) -> None:
+    # pushes to an idle executor (Zenoh) and its own lease requests cross: the limit still holds
+    now = 0
+    peak = 0
+    release = asyncio.Event()
+
+    async def hold(action: Action, ctx):  # type: ignore[no-untyped-def]
+        nonlocal now, peak
+        now += 1
+        peak = max(peak, now)
+        try:
+            await release.wait()
+        finally:
+            now -= 1
+
+    ex = Executor(rig.ex_bus, "narrow", concurrency=3, policy=FAST)
+    ex.handler("hold")(hold)
+    rig.tasks.append(asyncio.create_task(ex.run(rig.stop)))
+    await rig.executors_up(1)
+    handles = []
+    for _ in range(12):  # one by one, so submits meet the executor idle, busy and in between
+        handles.append(await rig.planner.submit("hold"))
+        await asyncio.sleep(0.002)
+    await wait_until(lambda: now == 3, 10, "three actions running")
+    await asyncio.sleep(0.3)  # a fourth would have started by now
+    assert peak == 3
+    release.set()
+    done = await asyncio.gather(*(h.result(timeout_s=20) for h in handles))
+    assert all(d.status is ActionStatus.SUCCEEDED for d in done) and peak == 3
+
+
+async def test_an_idle_executor_gets_a_new_action_pushed_without_a_lease_round_trip(rig: Rig) -> None:
+    if rig.engine != "zenoh":
+        pytest.skip("Pulsar executors receive from their subscription; there is no queue service")
+    ex = await rig.executor("idle", noop=lambda action, ctx: asyncio.sleep(0))
+    await rig.executors_up(1)
+    assert rig.service is not None
+    service = rig.service
+    await wait_until(lambda: "idle" in service.idle_executors(), 10, "the executor's lease came back empty")
+    handles = [await rig.planner.submit("noop") for _ in range(5)]
+    done = await asyncio.gather(*(h.result(timeout_s=10) for h in handles))
+    assert all(d.status is ActionStatus.SUCCEEDED for d in done)
+    assert ex.pushed >= 1  # started from the service's push, not from a lease it asked for
+
+
+async def test_a_lease_crossing_a_push_is_reduced_by_what_was_pushed(rig: Rig) -> None:
+    if rig.service is None:
+        pytest.skip("the push path belongs to the Zenoh queue service")
+    svc = rig.service
+
+    def ask(**req: object) -> dict[str, object]:
+        out: dict[str, object] = json.loads(svc.handle(json.dumps(req).encode()))
+        assert out["ok"], out
+        return out
+
+    def lease(n: int) -> list[object]:
+        got = ask(op="lease", executor="x", kinds=["k"], max=n, lease_s=30.0, push=True)["actions"]
+        assert isinstance(got, list)
+        return got
+
+    assert lease(2) == [] and svc.idle_executors() == {"x": 2}  # idle with two free slots
+    ask(op="submit", actions=[json.loads(encode_action(Action("k"))) for _ in range(2)])
+    assert svc.pushed == 2 and svc.idle_executors() == {}  # both pushed, x is full
+    ask(op="submit", actions=[json.loads(encode_action(Action("k"))) for _ in range(2)])
+    assert lease(2) == []  # x asked before it counted the two pushes: nothing more for it
+    assert len(lease(2)) == 2  # its next request is taken at its word

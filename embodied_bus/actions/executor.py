@@ -22,6 +22,8 @@ __all__ = ["ActionContext", "Executor", "Handler"]
 _log = logging.getLogger("embodied_bus.actions")
 #: Lease length, seconds; extended every third of it while a handler runs.
 LEASE_S = 3.0
+#: How long a stopping executor waits for the queue service to stop pushing to it, seconds.
+RETIRE_TIMEOUT_S = 0.5
 
 
 class ActionContext:
@@ -101,6 +103,9 @@ class Executor:
         self._wake = asyncio.Event()
         self.completed = 0
         self.failed = 0
+        #: Actions the queue service pushed to this executor while it was idle (Zenoh).
+        self.pushed = 0
+        self._running: set[asyncio.Task[None]] = set()
 
     def handler(self, kind: str) -> Callable[[Handler], Handler]:
         """Decorator registering a coroutine ``(action, ctx) -> result`` for a kind."""
@@ -111,7 +116,7 @@ class Executor:
 
         return register
 
-    async def _call(self, req: dict[str, Any]) -> dict[str, Any]:
+    async def _call(self, req: dict[str, Any], timeout_s: float = 5.0) -> dict[str, Any]:
         if self._pulsar is not None:
             try:
                 out: dict[str, Any] = await self._pulsar.call(req)
@@ -120,7 +125,7 @@ class Executor:
             except (ActionError, KeyError) as err:
                 raise RuntimeError(str(err)) from err
             return out
-        raw = await self.bus.engine.request(SERVICE, json.dumps(req).encode(), 5.0)
+        raw = await self.bus.engine.request(SERVICE, json.dumps(req).encode(), timeout_s)
         if raw is None:
             raise ConnectionError("no action queue service answered")
         reply: dict[str, Any] = json.loads(raw)
@@ -240,6 +245,29 @@ class Executor:
         finally:
             extender.cancel()
 
+    def _start(self, env: dict[str, Any]) -> None:
+        task = asyncio.create_task(self._run_one(action_from_dict(env, check_payload=False)))
+        self._running.add(task)
+        task.add_done_callback(self._running.discard)
+
+    def _accept_pushed(self, payload: bytes) -> None:
+        """Actions the queue service leased to this idle executor on submit (loop thread). A
+        malformed one is logged and left to its lease expiry (then retried elsewhere)."""
+        try:
+            envs = json.loads(payload)
+            if not isinstance(envs, list):
+                raise TypeError(f"expected a list of actions, got {type(envs).__name__}")
+        except (ValueError, TypeError) as err:
+            _log.warning("bad push to %s: %s", self.name, err)
+            return
+        for env in envs:
+            try:
+                self._start(env)
+            except ActionError as err:
+                _log.warning("bad action pushed to %s: %s", self.name, err)
+            else:
+                self.pushed += 1
+
     async def run(self, stop: asyncio.Event) -> None:
         """Take and run actions until ``stop``; then finish what is running (graceful)."""
         kinds = sorted(self.handlers)
@@ -248,6 +276,9 @@ class Executor:
         def woken(_topic: str, _payload: bytes) -> None:
             loop.call_soon_threadsafe(self._wake.set)
 
+        def pushed(_topic: str, payload: bytes) -> None:
+            loop.call_soon_threadsafe(self._accept_pushed, payload)
+
         group = await self.bus.engine.watch_group(EXECUTOR_GROUP, lambda *_: None)
         if self._pulsar is not None:
             subs = []
@@ -255,8 +286,9 @@ class Executor:
             await self._pulsar.listen_wake(lambda: woken("", b""), kinds)
         else:
             subs = [self.bus.engine.listen(f"actions/wake/{k}", woken) for k in kinds]
+            subs.append(self.bus.engine.listen(f"actions/assign/{self.name}", pushed))
         await group.announce(self.name, json.dumps({"kinds": kinds}))
-        running: set[asyncio.Task[None]] = set()
+        running = self._running
         try:
             while not stop.is_set():
                 if len(running) >= self.concurrency:
@@ -271,6 +303,7 @@ class Executor:
                         "labels": self.labels,
                         "lease_s": LEASE_S,
                         "max": self.concurrency - len(running),
+                        "push": self._pulsar is None,
                     }
                 )
                 leased = reply.get("actions") or ([reply["action"]] if reply.get("action") else [])
@@ -281,11 +314,14 @@ class Executor:
                         w.cancel()
                     continue
                 for env in leased:
-                    task = asyncio.create_task(self._run_one(action_from_dict(env, check_payload=False)))
-                    running.add(task)
-                    task.add_done_callback(running.discard)
-            if running:
-                await asyncio.wait(running)
+                    self._start(env)
+            if self._pulsar is None:
+                try:  # no more pushes; one racing with this still runs below
+                    await self._call({"op": "retire", "executor": self.name}, RETIRE_TIMEOUT_S)
+                except (ConnectionError, RuntimeError) as err:  # e.g. the service stopped first
+                    _log.debug("%s could not retire from the queue service: %s", self.name, err)
+            while running:
+                await asyncio.wait(set(running))
         finally:
             for s in subs:
                 s.undeclare()

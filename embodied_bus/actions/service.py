@@ -1,13 +1,21 @@
 """The queue service: an :class:`ActionStore` served over the bus (Zenoh request/reply).
 
 Any process can host it (``embodied-bus queue``, or inside a planner). Requests are JSON:
-``submit``, ``lease``, ``extend``, ``checkpoint``, ``ack``, ``ack_many`` (acks that ended
+``submit``, ``lease``, ``retire``, ``extend``, ``checkpoint``, ``ack``, ``ack_many`` (acks that ended
 together, each answered on its own), ``nack``, ``get``, ``get_many`` (the terminal ones among
 up to 1000 ids), ``cancel``, ``dlq``, ``backlog``. Executors announce themselves in the
 ``actions-executors`` group; when one dies its leases are released at once (each counts as a
 lost attempt). Results go out on
 the lightweight topic ``actions/result/<id>`` and are stored, so a planner that was away can
 fetch them with ``get``.
+
+Dispatch is pull with a push fast path: an executor leases what is ready (``lease``); when a
+lease leaves it with free slots it is recorded as idle, and a later submit leases new actions
+to idle executors at once and sends them on ``actions/assign/<executor>`` (congestion control
+block), saving the wake-up and lease round trip. An executor's next ``lease`` request is
+reduced by what was pushed to it since its previous one, so the concurrency limit holds even
+when a push and a lease cross. ``retire`` (an executor stopping) ends pushes to it. A push that
+never arrives (the executor died) is released like any lease of a lost executor.
 """
 
 from __future__ import annotations
@@ -63,6 +71,12 @@ class QueueService:
         self._closed = False
         #: Requests answered with an error (malformed, invalid or oversized).
         self.bad_requests = 0
+        #: Idle executors: name -> their last lease request (kinds, labels, lease_s) and free slots.
+        self._idle: dict[str, tuple[list[str], dict[str, str], float, int]] = {}
+        #: Actions pushed to each executor since its last lease request.
+        self._pushed_since: dict[str, int] = {}
+        #: Actions handed to idle executors on submit (no lease round trip).
+        self.pushed = 0
 
     def _executor_change(self, member: str, _value: str, joined: bool) -> None:
         with self._lock:
@@ -72,6 +86,8 @@ class QueueService:
                 self._live.add(member)
                 return
             self._live.discard(member)
+            self._idle.pop(member, None)
+            self._pushed_since.pop(member, None)
             lost = self.store.release_lost(executor=member)
         for a in lost:
             self._wake(a.kind)
@@ -82,6 +98,44 @@ class QueueService:
                 self.bus.engine.notify(f"actions/wake/{kind}", b"")
             except Exception:
                 pass
+
+    def idle_executors(self) -> dict[str, int]:
+        """Executors waiting for work that new actions are pushed to: name -> free slots."""
+        with self._lock:
+            return {name: rec[3] for name, rec in self._idle.items()}
+
+    def _push_to_idle(self, kinds: set[str]) -> set[str]:
+        """Lease newly submitted actions of ``kinds`` to idle executors and send them (under
+        the lock). Returns the kinds whose ready actions were all handed out (no wake needed)."""
+        done: set[str] = set()
+        for name, (ex_kinds, labels, lease_s, free) in list(self._idle.items()):
+            wanted = [k for k in ex_kinds if k in kinds and k not in done]
+            if not wanted:
+                continue
+            leased = self.store.lease_many(
+                name, wanted, free, labels=labels, lease_s=lease_s, live_executors=self._live
+            )
+            if len(leased) < free:
+                done.update(wanted)  # it took all it could see: nothing of these kinds is left
+            if not leased:
+                continue
+            try:
+                self.bus.engine.notify(
+                    f"actions/assign/{name}",
+                    json.dumps([json.loads(encode_action(a)) for a in leased]).encode(),
+                    block=True,
+                )
+            except Exception:  # the lease expires or the executor's loss releases it
+                pass
+            self.pushed += len(leased)
+            self._pushed_since[name] = self._pushed_since.get(name, 0) + len(leased)
+            if len(leased) >= free:
+                del self._idle[name]
+            else:
+                self._idle[name] = (ex_kinds, labels, lease_s, free - len(leased))
+        for expired in self.store.take_expired():
+            self._publish_result(expired)
+        return done
 
     def _publish_result(self, a: Action) -> None:
         self.bus.engine.notify(f"actions/result/{a.id}", encode_action(a))
@@ -135,27 +189,46 @@ class QueueService:
             stored = s.submit_many([decode_action(json.dumps(env)) for env in req["actions"]])
             for a, new in stored:
                 out.append({"id": a.id, "duplicate": not new, "status": a.status.value})
-            for kind in {a.kind for a, new in stored if new}:
-                self._wake(kind)
+            kinds = {a.kind for a, new in stored if new}
+            if kinds:
+                # an action with a selector may be hidden from the idle executors: wake the rest
+                plain = kinds - {a.kind for a, new in stored if new and a.selector}
+                for kind in kinds - (self._push_to_idle(kinds) & plain):
+                    self._wake(kind)
             return _ok(actions=out)
         if op == "lease":
             want = req.get("max", 1)
             if isinstance(want, bool) or not isinstance(want, int) or not 1 <= want <= 256:
                 return _err("bad 'lease' request: 'max' must be an integer 1..256")
-            batch = [
-                json.loads(encode_action(a))
-                for a in s.lease_many(
-                    req["executor"],
-                    req["kinds"],
-                    want,
-                    labels=req.get("labels"),
-                    lease_s=req.get("lease_s", 10.0),
-                    live_executors=self._live,
+            executor = req["executor"]
+            labels = req.get("labels") or {}
+            lease_s = req.get("lease_s", 10.0)
+            if (
+                not isinstance(labels, dict)
+                or isinstance(lease_s, bool)
+                or not isinstance(lease_s, (int, float))
+            ):
+                return _err("bad 'lease' request: 'labels' must be an object and 'lease_s' a number")
+            # pushes the executor may not have counted when it asked: never exceed its limit
+            free = want - self._pushed_since.pop(executor, 0)
+            leased = (
+                s.lease_many(
+                    executor, req["kinds"], free, labels=labels, lease_s=lease_s, live_executors=self._live
                 )
-            ]
+                if free > 0
+                else []
+            )
+            batch = [json.loads(encode_action(a)) for a in leased]
+            if free - len(leased) > 0 and req.get("push", False):
+                self._idle[executor] = (list(req["kinds"]), labels, float(lease_s), free - len(leased))
+            else:
+                self._idle.pop(executor, None)
             for expired in s.take_expired():  # passed by on the way: never started
                 self._publish_result(expired)
             return _ok(action=batch[0] if batch else None, actions=batch)
+        if op == "retire":
+            self._idle.pop(req["executor"], None)
+            return _ok()
         if op == "extend":
             a = s.extend(req["id"], req["executor"], req.get("lease_s", 10.0))
             return _ok(cancel_requested=a.cancel_requested)

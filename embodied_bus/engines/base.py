@@ -165,8 +165,12 @@ class Engine(abc.ABC):
         """Ask the service ``name``; None if nobody answered within ``timeout_s`` seconds."""
         raise NotImplementedError(f"the {self.name} engine has no request/reply")
 
-    def notify(self, topic: str, payload: bytes) -> None:
-        """Fire-and-forget message on a lightweight topic (no header, no sequence)."""
+    def notify(self, topic: str, payload: bytes, *, block: bool = False) -> None:
+        """Fire-and-forget message on a lightweight topic (no header, no sequence).
+
+        Args:
+            block: Wait for room when the transport is congested instead of dropping.
+        """
         raise NotImplementedError(f"the {self.name} engine has no lightweight topics")
 
     def listen(self, topic: str, callback: Callable[[str, bytes], None]) -> Any:

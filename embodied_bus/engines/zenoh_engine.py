@@ -464,7 +464,9 @@ class ZenohEngine(Engine):
                 answer = json.dumps({"error": f"{type(err).__name__}: {err}"}).encode()
             query.reply(query.key_expr, answer)
 
-        return self.session.declare_queryable(self._svc_key(name), on_query, complete=True)
+        return self.session.declare_queryable(
+            self._svc_key(name), zenoh.handlers.Callback(on_query, indirect=False), complete=True
+        )
 
     async def request(self, name: str, payload: bytes, timeout_s: float) -> bytes | None:
         self._check()
@@ -506,9 +508,13 @@ class ZenohEngine(Engine):
                 return answer
             await asyncio.sleep(0.05)
 
-    def notify(self, topic: str, payload: bytes) -> None:
+    def notify(self, topic: str, payload: bytes, *, block: bool = False) -> None:
         self._check()
-        self.session.put(f"eb/{self.settings.namespace}/@n/{topic}", payload)
+        key = f"eb/{self.settings.namespace}/@n/{topic}"
+        if block:
+            self.session.put(key, payload, congestion_control=zenoh.CongestionControl.BLOCK)
+        else:
+            self.session.put(key, payload)
 
     def listen(self, topic: str, callback: Callable[[str, bytes], None]) -> Any:
         self._check()
@@ -517,7 +523,9 @@ class ZenohEngine(Engine):
         def on_sample(sample: zenoh.Sample) -> None:
             callback(str(sample.key_expr)[len(prefix) :], sample.payload.to_bytes())
 
-        return self.session.declare_subscriber(prefix + topic, on_sample)
+        return self.session.declare_subscriber(
+            prefix + topic, zenoh.handlers.Callback(on_sample, indirect=False)
+        )
 
     async def watch_group(self, group: str, on_change: MembershipCallback) -> GroupMembership:
         self._check()
