@@ -28,10 +28,18 @@ import time
 from pathlib import Path
 from typing import Any
 
-from embodied_bus.actions.model import Action, ActionError, decode_action, encode_action
+from embodied_bus.actions.model import (
+    MAX_PAYLOAD_BYTES,
+    Action,
+    ActionError,
+    action_from_dict,
+    decode_action,
+    encode_action,
+)
 from embodied_bus.actions.policy import DEFAULT_RETRY, RetryPolicy
 from embodied_bus.actions.store import ActionStore
 from embodied_bus.bus import Bus
+from embodied_bus.model.limits import DEFAULT_LIMITS
 
 __all__ = ["EXECUTOR_GROUP", "SERVICE", "QueueService"]
 
@@ -77,6 +85,7 @@ class QueueService:
         self._pushed_since: dict[str, int] = {}
         #: Actions handed to idle executors on submit (no lease round trip).
         self.pushed = 0
+        self._request_bytes = 0  # of the request being dispatched
 
     def _executor_change(self, member: str, _value: str, joined: bool) -> None:
         with self._lock:
@@ -122,7 +131,7 @@ class QueueService:
             try:
                 self.bus.engine.notify(
                     f"actions/assign/{name}",
-                    json.dumps([json.loads(encode_action(a)) for a in leased]).encode(),
+                    b"[" + b",".join(self.store.encoded(a) for a in leased) + b"]",
                     block=True,
                 )
             except Exception:  # the lease expires or the executor's loss releases it
@@ -138,7 +147,7 @@ class QueueService:
         return done
 
     def _publish_result(self, a: Action) -> None:
-        self.bus.engine.notify(f"actions/result/{a.id}", encode_action(a))
+        self.bus.engine.notify(f"actions/result/{a.id}", self.store.encoded(a))
 
     def handle(self, raw: bytes) -> bytes:
         """One request (called on engine threads). A bad request is answered with the reason
@@ -151,6 +160,7 @@ class QueueService:
     def _answer(self, raw: bytes) -> bytes:
         if len(raw) > MAX_REQUEST_BYTES:
             return _err(f"request of {len(raw)} bytes exceeds {MAX_REQUEST_BYTES} bytes")
+        request_bytes = len(raw)
         try:
             req = json.loads(raw)
             op = req.get("op")
@@ -167,6 +177,7 @@ class QueueService:
             with self._lock:
                 if self._closed:
                     return _err("the action queue service is shutting down")
+                self._request_bytes = request_bytes
                 return self._dispatch(op, req)
         except ActionError as err:
             return _err(str(err))
@@ -186,7 +197,13 @@ class QueueService:
             out = []
             if not isinstance(req["actions"], list):
                 return _err("bad 'submit' request: 'actions' must be a list")
-            stored = s.submit_many([decode_action(json.dumps(env)) for env in req["actions"]])
+            if self._request_bytes <= DEFAULT_LIMITS.max_action_bytes:
+                # every envelope is smaller than the request: no per-action JSON round trip
+                big = self._request_bytes > MAX_PAYLOAD_BYTES
+                actions = [action_from_dict(env, check_payload=big) for env in req["actions"]]
+            else:
+                actions = [decode_action(json.dumps(env)) for env in req["actions"]]
+            stored = s.submit_many(actions)
             for a, new in stored:
                 out.append({"id": a.id, "duplicate": not new, "status": a.status.value})
             kinds = {a.kind for a, new in stored if new}
@@ -218,14 +235,16 @@ class QueueService:
                 if free > 0
                 else []
             )
-            batch = [json.loads(encode_action(a)) for a in leased]
+            bodies = [s.encoded(a) for a in leased]
             if free - len(leased) > 0 and req.get("push", False):
                 self._idle[executor] = (list(req["kinds"]), labels, float(lease_s), free - len(leased))
             else:
                 self._idle.pop(executor, None)
             for expired in s.take_expired():  # passed by on the way: never started
                 self._publish_result(expired)
-            return _ok(action=batch[0] if batch else None, actions=batch)
+            # the stored envelopes spliced in as they are (no decode and re-encode per action)
+            first = bodies[0] if bodies else b"null"
+            return b'{"ok": true, "action": ' + first + b', "actions": [' + b",".join(bodies) + b"]}"
         if op == "retire":
             self._idle.pop(req["executor"], None)
             return _ok()

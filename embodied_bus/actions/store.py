@@ -68,6 +68,9 @@ class ActionStore:
         self._db.execute("PRAGMA synchronous=FULL")
         self._db.executescript(_SCHEMA)
         self._newly_expired: list[Action] = []
+        #: Envelopes written by the current (or last) transaction, by action id: replies and
+        #: result notifications reuse them instead of encoding the same action again.
+        self._saved: dict[str, bytes] = {}
         (self._seq,) = self._db.execute("SELECT COALESCE(MAX(seq), 0) FROM actions").fetchone()
 
     def close(self) -> None:
@@ -86,6 +89,7 @@ class ActionStore:
         action can run again (at least once; idempotency keys make effects happen once).
         """
         self._db.execute(f"PRAGMA synchronous={'FULL' if durable else 'NORMAL'}")
+        self._saved.clear()
         self._db.execute("BEGIN IMMEDIATE")
         try:
             yield self._db
@@ -97,18 +101,25 @@ class ActionStore:
     def _save(
         self, a: Action, *, available_ns: int | None = None, lease: tuple[str, int] | None = None
     ) -> None:
+        body = self._saved[a.id] = encode_action(a)
         self._db.execute(
             "UPDATE actions SET status=?, body=?, available_ns=COALESCE(?, available_ns), lease_owner=?, "
             "lease_until_ns=? WHERE id=?",
             (
                 a.status.value,
-                encode_action(a).decode(),
+                body.decode(),
                 available_ns,
                 lease[0] if lease else None,
                 lease[1] if lease else None,
                 a.id,
             ),
         )
+
+    def encoded(self, a: Action) -> bytes:
+        """The JSON envelope of ``a`` as the last transaction stored it (encoded now if it
+        did not store it)."""
+        body = self._saved.get(a.id)
+        return body if body is not None else encode_action(a)
 
     def _load(self, action_id: str) -> Action | None:
         row = self._db.execute("SELECT body FROM actions WHERE id=?", (action_id,)).fetchone()
