@@ -201,7 +201,6 @@ class Executor:
 
         async def keep_lease() -> None:
             while True:
-                await asyncio.sleep(LEASE_S / 3)
                 try:
                     r = await self._call(
                         {"op": "extend", "id": action.id, "executor": self.name, "lease_s": LEASE_S}
@@ -211,8 +210,12 @@ class Executor:
                     return
                 if r.get("cancel_requested"):
                     ctx.cancelled.set()
+                await asyncio.sleep(LEASE_S / 3)
 
-        extender = asyncio.create_task(keep_lease())
+        # most actions end before their first extension is due: a timer, not a task, until then
+        extender: list[asyncio.Task[None]] = []
+        loop = asyncio.get_running_loop()
+        timer = loop.call_later(LEASE_S / 3, lambda: extender.append(loop.create_task(keep_lease())))
         try:
             result = await self.handlers[action.kind](action, ctx)
         except PermanentFailure as err:
@@ -243,7 +246,9 @@ class Executor:
             if acked and self.verifier is not None:
                 self.verifier.completed(action)
         finally:
-            extender.cancel()
+            timer.cancel()
+            for task in extender:
+                task.cancel()
 
     def _start(self, env: dict[str, Any]) -> None:
         task = asyncio.create_task(self._run_one(action_from_dict(env, check_payload=False)))
