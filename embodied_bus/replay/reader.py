@@ -96,10 +96,13 @@ def _to_ros2(msg: Any, typename: str, store: Any) -> Any:
 
 
 def _has_header_first(store: Any, typename: str) -> bool | None:
-    """True if the type starts with ``std_msgs/msg/Header`` (stamp readable from CDR); else None."""
+    """True if the type starts with ``std_msgs/msg/Header`` (stamp readable from CDR); False if
+    it has no ``header`` field at all (no stamp to read); None if its header is elsewhere."""
     fields = store.fielddefs[typename][1]
     if fields and fields[0][0] == "header" and fields[0][1][1] == "std_msgs/msg/Header":
         return True
+    if not any(name == "header" for name, _ in fields):
+        return False
     return None
 
 
@@ -233,8 +236,9 @@ def read_recording(
                             except (ValueError, struct.error):
                                 pass
                 elif not decode and conn.id in checked and header_first.get(conn.id) is not None:
+                    # checked on the first message of the topic: pass the CDR through
                     cdr = bytes(raw)
-                    stamp_ns, frame_id = _cdr_header(cdr)
+                    stamp_ns, frame_id = _cdr_header(cdr) if header_first[conn.id] else (0, "")
                     yield RecordedMessage(conn.topic, norm, int(log_ns), stamp_ns, frame_id, cdr, None)
                     continue
                 else:
