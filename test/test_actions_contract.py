@@ -475,3 +475,19 @@ async def test_a_lease_crossing_a_push_is_reduced_by_what_was_pushed(rig: Rig) -
     ask(op="submit", actions=[json.loads(encode_action(Action("k"))) for _ in range(2)])
     assert lease(2) == []  # x asked before it counted the two pushes: nothing more for it
     assert len(lease(2)) == 2  # its next request is taken at its word
+
+
+async def test_a_pulsar_state_log_whose_reader_broke_reopens_it_and_catches_up(rig: Rig) -> None:
+    if rig.engine != "pulsar":
+        pytest.skip("the state log belongs to the Pulsar backend")
+    await rig.executor("ex1", pick=lambda action, ctx: asyncio.sleep(0, result="ok"))
+    first = await rig.planner.submit("pick")
+    assert (await first.result(timeout_s=20)).status is ActionStatus.SUCCEEDED
+    state = rig.planner._pulsar.state
+    await asyncio.to_thread(state._reader.close)  # what a reader that cannot reconnect looks like
+    await state.sync()
+    second = await rig.planner.submit("pick")
+    assert (await second.result(timeout_s=20)).status is ActionStatus.SUCCEEDED
+    assert state.reopened == 1
+    got = await rig.planner.get(first.id)  # the view still has what was read before
+    assert got is not None and got.status is ActionStatus.SUCCEEDED

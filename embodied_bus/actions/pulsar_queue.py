@@ -102,6 +102,8 @@ MAX_HANDBACKS = 20
 SYNC_AFTER_S = 1.0
 #: How long the state log producer gathers records into one stored batch, milliseconds.
 STATE_BATCH_DELAY_MS = 1
+#: A state-log reader that has not answered for this long is replaced, seconds.
+REOPEN_AFTER_S = 3.0
 #: Ended actions a state-log view keeps in memory (a planner asks about older ones in vain).
 VIEW_ENDED_LIMIT = 100_000
 #: Producers to planners' reply topics an executor keeps open.
@@ -154,16 +156,13 @@ class StateLog:
         self._lock = threading.Lock()
         self._reader: Any = None
         self._producer: Any = None
+        self._last_id: Any = None
+        self._generation = 0
+        #: Times a stuck reader was replaced.
+        self.reopened = 0
 
     async def open(self) -> None:
         client = self._engine.client
-
-        def on_message(_reader: Any, msg: Any) -> None:  # client listener thread
-            try:
-                self._apply(msg)
-            except Exception as err:  # a bad record never stops the view
-                _log.warning("state record not applied: %s", err)
-
         try:
             self._producer = await asyncio.to_thread(
                 client.create_producer,
@@ -174,16 +173,46 @@ class StateLog:
                 batching_max_publish_delay_ms=STATE_BATCH_DELAY_MS,
                 block_if_queue_full=True,
             )
-            self._reader = await asyncio.to_thread(
-                client.create_reader,
-                self._topics.state,
-                pulsar.MessageId.earliest,
-                reader_listener=on_message,
-                receiver_queue_size=1000,
-            )
+            self._reader = await self._create_reader(pulsar.MessageId.earliest)
         except pulsar.PulsarException as err:
             raise _to_thread_error("opening the state log", err) from err
         await self.sync()
+
+    async def _create_reader(self, start: Any) -> Any:
+        self._generation += 1
+        generation = self._generation
+
+        def on_message(_reader: Any, msg: Any) -> None:  # client listener thread
+            if generation != self._generation:
+                return  # from a reader that was replaced
+            try:
+                self._apply(msg)
+            except Exception as err:  # a bad record never stops the view
+                _log.warning("state record not applied: %s", err)
+            self._last_id = msg.message_id()
+
+        return await asyncio.to_thread(
+            self._engine.client.create_reader,
+            self._topics.state,
+            start,
+            reader_listener=on_message,
+            receiver_queue_size=1000,
+        )
+
+    async def _reopen(self) -> None:
+        """Replace a reader that stopped answering (after a broker crash the client can fail to
+        reconnect it: "consumer ... is already present"): a new one resumes after the last
+        record applied."""
+        old, self._reader = self._reader, None
+        _log.warning("Pulsar action state log: reader stuck, reopening it after the last record")
+        if old is not None:
+            await _close(old)
+        try:
+            self._reader = await self._create_reader(self._last_id or pulsar.MessageId.earliest)
+        except pulsar.PulsarException as err:
+            self._reader = old  # keep trying with what there is
+            _log.warning("Pulsar action state log: reopening the reader failed: %s", err)
+        self.reopened += 1
 
     def _apply(self, msg: Any) -> None:
         props = msg.properties()
@@ -245,16 +274,28 @@ class StateLog:
         """
         loop = asyncio.get_running_loop()
         deadline = loop.time() + timeout_s
+        failing_since: float | None = None
         while True:
+            reader = self._reader
             try:
+                if reader is None:
+                    raise pulsar.PulsarException("no state log reader")
                 behind = await asyncio.wait_for(
-                    asyncio.to_thread(self._reader.has_message_available),
-                    max(0.1, deadline - loop.time()),
+                    asyncio.to_thread(reader.has_message_available),
+                    max(0.1, min(REOPEN_AFTER_S, deadline - loop.time())),
                 )
+                failing_since = None
             except (pulsar.PulsarException, TimeoutError) as err:
                 behind = True
-                if loop.time() > deadline:
+                now = loop.time()
+                if now > deadline:
                     raise _to_thread_error("reading the state log", err) from err
+                failing_since = failing_since if failing_since is not None else now
+                if now - failing_since >= REOPEN_AFTER_S or isinstance(err, pulsar.AlreadyClosed):
+                    await self._reopen()
+                    failing_since = None
+                else:
+                    await asyncio.sleep(0.05)
             if not behind:
                 with self._lock:  # a record being applied right now finishes first
                     return
@@ -302,7 +343,7 @@ async def _close(handle: Any) -> None:
     """Close a client handle, bounded by :data:`CLOSE_TIMEOUT_S` (then left to the client)."""
     try:
         await asyncio.wait_for(asyncio.to_thread(handle.close), CLOSE_TIMEOUT_S)
-    except (pulsar.PulsarException, TimeoutError) as err:
+    except (pulsar.PulsarException, TimeoutError, ValueError) as err:  # ValueError: closed before
         _log.debug("close did not finish: %s", err)
 
 
