@@ -13,6 +13,7 @@ from embodied_bus.actions.model import (
     ActionError,
     ActionStatus,
     action_from_dict,
+    action_to_dict,
     decode_action,
     encode_action,
 )
@@ -194,7 +195,10 @@ class Planner:
         action is persisted before this returns)."""
         await self._ensure_results_sub()
         signed = [self.signer.sign(a.validate()) if self.signer else a.validate() for a in actions]
-        envs = [json.loads(encode_action(a)) for a in signed]
+        if self._pulsar is None:  # serialized right away by the request
+            envs = [action_to_dict(a) for a in signed]
+        else:  # handed on as objects: decoupled from the caller's actions
+            envs = [json.loads(encode_action(a)) for a in signed]
         reply = await self._call({"op": "submit", "actions": envs})
         return [ActionHandle(self, r["id"], duplicate=r["duplicate"]) for r in reply["actions"]]
 

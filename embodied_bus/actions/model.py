@@ -21,6 +21,7 @@ __all__ = [
     "ActionStatus",
     "Attempt",
     "action_from_dict",
+    "action_to_dict",
     "decode_action",
     "encode_action",
     "executors_with",
@@ -162,10 +163,10 @@ class Action:
         return {a.executor for a in self.attempts if a.outcome in ("nack", "lost")}
 
 
-def encode_action(action: Action) -> bytes:
-    """Action → JSON envelope bytes (fields in declaration order)."""
+def action_to_dict(action: Action) -> dict[str, Any]:
+    """Action → the JSON envelope as a dict (fields in declaration order)."""
     a = action
-    d = {
+    return {
         "kind": a.kind,
         "payload": a.payload,
         "priority": a.priority,
@@ -192,7 +193,11 @@ def encode_action(action: Action) -> bytes:
         "budget_from": a.budget_from,
         "auth": a.auth,
     }
-    return json.dumps(d, separators=(",", ":")).encode()
+
+
+def encode_action(action: Action) -> bytes:
+    """Action → JSON envelope bytes (fields in declaration order)."""
+    return json.dumps(action_to_dict(action), separators=(",", ":")).encode()
 
 
 def decode_action(data: bytes | str, *, limits: DecodeLimits | None = None) -> Action:

@@ -33,8 +33,8 @@ from embodied_bus.actions.model import (
     Action,
     ActionError,
     action_from_dict,
+    action_to_dict,
     decode_action,
-    encode_action,
 )
 from embodied_bus.actions.policy import DEFAULT_RETRY, RetryPolicy
 from embodied_bus.actions.store import ActionStore
@@ -289,19 +289,19 @@ class QueueService:
             ids = req["ids"]
             if not isinstance(ids, list) or len(ids) > 1000 or not all(isinstance(i, str) for i in ids):
                 return _err("bad 'get_many' request: 'ids' must be a list of at most 1000 strings")
-            return _ok(done=[json.loads(encode_action(a)) for a in s.terminal_among(ids)])
+            return _ok(done=[action_to_dict(a) for a in s.terminal_among(ids)])
         if op == "get":
             found = s.get(req["id"])
-            return _ok(action=json.loads(encode_action(found)) if found else None)
+            return _ok(action=action_to_dict(found) if found else None)
         if op == "cancel":
             canceled = s.cancel(req["id"])
             if canceled is not None and canceled.status.terminal:
                 self._publish_result(canceled)
-            return _ok(action=json.loads(encode_action(canceled)) if canceled else None)
+            return _ok(action=action_to_dict(canceled) if canceled else None)
         if op == "dlq":
             what = req.get("what", "list")
             if what == "list":
-                return _ok(actions=[json.loads(encode_action(a)) for a in s.dead_letters()])
+                return _ok(actions=[action_to_dict(a) for a in s.dead_letters()])
             if what == "requeue":
                 a = s.requeue(req["id"])
                 self._wake(a.kind)

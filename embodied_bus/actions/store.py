@@ -98,22 +98,28 @@ class ActionStore:
             raise
         self._db.execute("COMMIT")
 
+    _UPDATE = (
+        "UPDATE actions SET status=?, body=?, available_ns=COALESCE(?, available_ns), lease_owner=?, "
+        "lease_until_ns=? WHERE id=?"
+    )
+
+    def _update_params(
+        self, a: Action, available_ns: int | None = None, lease: tuple[str, int] | None = None
+    ) -> tuple[Any, ...]:
+        body = self._saved[a.id] = encode_action(a)
+        return (
+            a.status.value,
+            body.decode(),
+            available_ns,
+            lease[0] if lease else None,
+            lease[1] if lease else None,
+            a.id,
+        )
+
     def _save(
         self, a: Action, *, available_ns: int | None = None, lease: tuple[str, int] | None = None
     ) -> None:
-        body = self._saved[a.id] = encode_action(a)
-        self._db.execute(
-            "UPDATE actions SET status=?, body=?, available_ns=COALESCE(?, available_ns), lease_owner=?, "
-            "lease_until_ns=? WHERE id=?",
-            (
-                a.status.value,
-                body.decode(),
-                available_ns,
-                lease[0] if lease else None,
-                lease[1] if lease else None,
-                a.id,
-            ),
-        )
+        self._db.execute(self._UPDATE, self._update_params(a, available_ns, lease))
 
     def encoded(self, a: Action) -> bytes:
         """The JSON envelope of ``a`` as the last transaction stored it (encoded now if it
@@ -262,6 +268,7 @@ class ActionStore:
         live = set(live_executors) | {executor}
         marks = ",".join("?" * len(kinds))
         chosen: list[Action] = []
+        updates: list[tuple[Any, ...]] = []
         with self._tx(durable=False) as db:
             ids = db.execute(
                 f"SELECT id FROM actions WHERE status IN (?, ?) AND kind IN ({marks}) "
@@ -280,10 +287,11 @@ class ActionStore:
                     continue
                 a.attempts.append(Attempt(a.attempt_count + 1, executor, now))
                 a.status = ActionStatus.RUNNING
-                self._save(a, lease=(executor, now + int(lease_s * 1e9)))
+                updates.append(self._update_params(a, lease=(executor, now + int(lease_s * 1e9))))
                 chosen.append(a)
                 if len(chosen) >= max_actions:
                     break
+            db.executemany(self._UPDATE, updates)  # one statement for the batch
         return chosen
 
     def extend(
@@ -348,11 +356,14 @@ class ActionStore:
         with self._tx(durable=False):
             return self._ack(self._held(action_id, executor), result, now)
 
-    def _ack(self, a: Action, result: Any, now: int) -> Action:
+    def _ack(self, a: Action, result: Any, now: int, batch: list[tuple[Any, ...]] | None = None) -> Action:
         self._end_attempt(a, "ok", "", now)
         a.status = ActionStatus.CANCELED if a.cancel_requested and result is None else ActionStatus.SUCCEEDED
         a.result = result
-        self._save(a)
+        if batch is None:
+            self._save(a)
+        else:
+            batch.append(self._update_params(a))
         return a
 
     def ack_many(
@@ -362,14 +373,20 @@ class ActionStore:
         on its own (an :class:`ActionError` for one whose lease is gone)."""
         now = now_ns if now_ns is not None else _now()
         out: list[Action | ActionError] = []
-        with self._tx(durable=False):
+        batch: list[tuple[Any, ...]] = []
+        acked: set[str] = set()
+        with self._tx(durable=False) as db:
             for action_id, executor, result in acks:
                 try:
+                    if action_id in acked:  # a second ack of one action in the batch
+                        raise ActionError(f"{executor} does not hold a lease on action {action_id}")
                     held = self._held(action_id, executor)
                 except ActionError as err:
                     out.append(err)
                     continue
-                out.append(self._ack(held, result, now))
+                acked.add(action_id)
+                out.append(self._ack(held, result, now, batch))
+            db.executemany(self._UPDATE, batch)  # one statement for the batch
         return out
 
     def nack(
