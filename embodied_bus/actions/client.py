@@ -277,7 +277,11 @@ class ActionHandle:
         end = object()
 
         def on_fb(_topic: str, payload: bytes) -> None:
-            loop.call_soon_threadsafe(q.put_nowait, json.loads(payload))
+            try:
+                data = json.loads(payload)
+            except ValueError:  # not ours to crash on: an engine thread
+                return
+            loop.call_soon_threadsafe(q.put_nowait, data)
 
         def on_result(_topic: str, _payload: bytes) -> None:
             loop.call_soon_threadsafe(q.put_nowait, end)
