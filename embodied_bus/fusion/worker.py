@@ -228,6 +228,10 @@ class FusionWorker:
                         continue
                 await self._publish_frame(ev)
                 if keyshared and ev.pane == 0:
+                    # persisted before its samples are acknowledged: a crash in between makes
+                    # the new owner emit the frame again (at least once), never lose it
+                    assert self._frames_pub is not None
+                    await self._frames_pub.flush()
                     self._ack_through(ev.bucket)
             elif isinstance(ev, LateSample):
                 _log.debug("late %s sample for bucket %d", ev.sample.stream, ev.bucket)
@@ -264,6 +268,8 @@ class FusionWorker:
                     if isinstance(ev, MultiModalFrame) and ev.pane == 0 and ev.bucket == b:
                         self.recovered += 1
                         await self._publish_frame(ev)
+                assert self._frames_pub is not None
+                await self._frames_pub.flush()  # persisted before the samples are acknowledged
             for sample in samples:
                 sample.ack()
 
