@@ -5,6 +5,7 @@ from __future__ import annotations
 import random
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -221,3 +222,26 @@ def test_the_envelope_carries_every_field_of_an_action_and_round_trips() -> None
     env = json.loads(encode_action(a))
     assert list(env) == [f.name for f in dataclasses.fields(Action)]
     assert decode_action(encode_action(a)) == a
+
+
+def test_acks_and_checkpoints_see_every_change_made_since_the_lease(store: ActionStore) -> None:
+    # the store keeps leased actions in memory for the ack: each other write must show through
+    store.submit(Action("pick", id="a"))
+    store.submit(Action("pick", id="b"))
+    leased = store.lease_many("ex1", ["pick"], 2)
+    assert {a.id for a in leased} == {"a", "b"}
+    store.checkpoint("a", "ex1", {"step": 3})
+    store.cancel("a")  # flags the running action
+    done = store.ack("a", "ex1")
+    assert done.status is ActionStatus.CANCELED and done.checkpoint == {"step": 3}
+    reread = store.get("a")
+    assert reread is not None and reread.status is ActionStatus.CANCELED and reread.checkpoint == {"step": 3}
+    with pytest.raises(ActionError):
+        store.ack("b", "ex2")  # not its lease
+    store.release_lost(executor="ex1")  # b goes back to the queue as a lost attempt
+    with pytest.raises(ActionError):
+        store.ack("b", "ex1")  # its lease is gone
+    later = time.time_ns() + 5 * S  # past the retry backoff
+    again = store.lease("ex2", ["pick"], now_ns=later)
+    assert again is not None and again.id == "b" and again.attempt_count == 2
+    assert store.ack("b", "ex2", now_ns=later).status is ActionStatus.SUCCEEDED

@@ -71,6 +71,10 @@ class ActionStore:
         #: Envelopes written by the current (or last) transaction, by action id: replies and
         #: result notifications reuse them instead of encoding the same action again.
         self._saved: dict[str, bytes] = {}
+        #: Running actions as this store last wrote them, with their lease owner: an ack or a
+        #: checkpoint finds its action here instead of reading and decoding it again. Every
+        #: other write of an action drops it from here; a rolled back transaction clears it.
+        self._leased: dict[str, tuple[Action, str]] = {}
         (self._seq,) = self._db.execute("SELECT COALESCE(MAX(seq), 0) FROM actions").fetchone()
 
     def close(self) -> None:
@@ -95,6 +99,7 @@ class ActionStore:
             yield self._db
         except BaseException:
             self._db.execute("ROLLBACK")
+            self._leased.clear()
             raise
         self._db.execute("COMMIT")
 
@@ -107,6 +112,10 @@ class ActionStore:
         self, a: Action, available_ns: int | None = None, lease: tuple[str, int] | None = None
     ) -> tuple[Any, ...]:
         body = self._saved[a.id] = encode_action(a)
+        if lease is not None:
+            self._leased[a.id] = (a, lease[0])
+        else:
+            self._leased.pop(a.id, None)
         return (
             a.status.value,
             body.decode(),
@@ -220,6 +229,7 @@ class ActionStore:
                 return a
             if a.status is ActionStatus.RUNNING:
                 a.cancel_requested = True
+                self._leased.pop(a.id, None)
                 db.execute("UPDATE actions SET body=? WHERE id=?", (encode_action(a).decode(), a.id))
             else:
                 a.status = ActionStatus.CANCELED
@@ -323,6 +333,11 @@ class ActionStore:
             db.execute("UPDATE actions SET body=? WHERE id=?", (encode_action(a).decode(), a.id))
 
     def _held(self, action_id: str, executor: str) -> Action:
+        cached = self._leased.get(action_id)
+        if cached is not None:
+            if cached[1] != executor:
+                raise ActionError(f"{executor} does not hold a lease on action {action_id}")
+            return cached[0]
         row = self._db.execute(
             "SELECT lease_owner, body FROM actions WHERE id=? AND status=?",
             (action_id, ActionStatus.RUNNING.value),
