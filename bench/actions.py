@@ -7,7 +7,11 @@ the queue service in its own process as `embodied-bus queue`, or in this one wit
 Shared-subscription throughput (4 consumers, receiver queue 1, ack per message) in the same
 run, with the ratio. Prints one JSON document.
 
-Usage: python bench/actions.py [--quick] [--one-process] [--pulsar pulsar://127.0.0.1:6650]
+With ``--executor-processes`` the four no-op executors run as separate ``embodied-bus executor``
+processes (the deployed layout), and submit→start is taken from the start time they return.
+
+Usage: python bench/actions.py [--quick] [--one-process] [--executor-processes]
+       [--pulsar pulsar://127.0.0.1:6650]
 """
 
 from __future__ import annotations
@@ -15,6 +19,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import os
 import signal
 import subprocess
 import sys
@@ -40,7 +45,11 @@ def pct(values: list[float], q: float) -> float | None:
 
 
 async def actions_bench(
-    n_actions: int, pulsar_url: str | None = None, *, service_process: bool = True
+    n_actions: int,
+    pulsar_url: str | None = None,
+    *,
+    service_process: bool = True,
+    executor_processes: bool = False,
 ) -> dict[str, Any]:
     """One backend: Zenoh (a queue service in its own process, or in this one) or, with
     ``pulsar_url``, Pulsar (no service)."""
@@ -99,13 +108,22 @@ async def actions_bench(
             restarted.setdefault(action.id, time.time_ns())
 
         executors = []
+        ex_procs: list[subprocess.Popen[bytes]] = []
         for i in range(4):
-            ex = Executor(bus, f"bench-{i}", concurrency=8, policy=policy)
-            ex.handler("noop")(noop)
+            if executor_processes:  # the noop executors as separate processes
+                cmd = [sys.executable, "-m", "embodied_bus.cli.main", "executor", "--bus", url_b]
+                cmd += ["--ns", ns, "--handlers", "noop_handlers:HANDLERS", "--name", f"bench-{i}"]
+                cmd += ["--concurrency", "8"]
+                env = {**os.environ, "PYTHONPATH": str(ROOT / "bench")}
+                ex_procs.append(subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL))
+                ex = Executor(bus, f"bench-flaky-{i}", concurrency=8, policy=policy)
+            else:
+                ex = Executor(bus, f"bench-{i}", concurrency=8, policy=policy)
+                ex.handler("noop")(noop)
             ex.handler("flaky")(flaky)
             executors.append(ex)
             tasks.append(asyncio.create_task(ex.run(stop)))
-        while len(live) < 4:
+        while len(live) < (8 if executor_processes else 4):
             await asyncio.sleep(0.05)
         planner = Planner(bus, policy=policy)
 
@@ -114,8 +132,9 @@ async def actions_bench(
         for _ in range(min(200, n_actions)):
             t0 = time.time_ns()
             h = await planner.submit("noop")
-            await h.result(timeout_s=30)
-            latencies.append((started[h.id] - t0) / 1e6)
+            done = await h.result(timeout_s=30)
+            start_ns = done.result if executor_processes else started[h.id]
+            latencies.append((start_ns - t0) / 1e6)
 
         # end-to-end throughput: batches submitted, all results awaited
         t0 = time.perf_counter()
@@ -170,6 +189,10 @@ async def actions_bench(
 
         stop.set()
         await asyncio.gather(*tasks, return_exceptions=True)
+        for p in ex_procs:
+            p.send_signal(signal.SIGINT)
+        for p in ex_procs:
+            p.wait(20)
         await planner.close()
         await group.leave()
     if service_proc is not None:
@@ -181,6 +204,8 @@ async def actions_bench(
         "layout": (
             "no queue service (Pulsar)"
             if pulsar_url
+            else "queue service and 4 noop executors each in its own process; planner in this one"
+            if service_proc and executor_processes
             else "queue service in its own process; planner and 4 executors in this one"
             if service_proc
             else "queue service, planner and executors in one process"
@@ -233,10 +258,17 @@ def main() -> None:
     p = argparse.ArgumentParser(description=__doc__)
     p.add_argument("--quick", action="store_true")
     p.add_argument("--one-process", action="store_true", help="host the Zenoh queue service in this process")
+    p.add_argument(
+        "--executor-processes",
+        action="store_true",
+        help="run the 4 no-op executors as separate `embodied-bus executor` processes (Zenoh)",
+    )
     p.add_argument("--pulsar", default=None, help="broker URL for the raw Shared-subscription baseline")
     args = p.parse_args()
     n = 1000 if args.quick else 5000
-    zenoh = asyncio.run(actions_bench(n, service_process=not args.one_process))
+    zenoh = asyncio.run(
+        actions_bench(n, service_process=not args.one_process, executor_processes=args.executor_processes)
+    )
     zenoh["targets"] = {
         "actions_per_s": 2000,
         "submit_to_start_p50_ms": 2.0,
