@@ -510,11 +510,8 @@ class ZenohEngine(Engine):
 
     def notify(self, topic: str, payload: bytes, *, block: bool = False) -> None:
         self._check()
-        key = f"eb/{self.settings.namespace}/@n/{topic}"
-        if block:
-            self.session.put(key, payload, congestion_control=zenoh.CongestionControl.BLOCK)
-        else:
-            self.session.put(key, payload)
+        cc = zenoh.CongestionControl.BLOCK if block else zenoh.CongestionControl.DROP  # DROP: put's default
+        self.session.put(f"eb/{self.settings.namespace}/@n/{topic}", payload, congestion_control=cc)
 
     def listen(self, topic: str, callback: Callable[[str, bytes], None]) -> Any:
         self._check()

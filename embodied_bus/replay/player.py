@@ -160,6 +160,18 @@ async def replay(
 _END = object()
 
 
+def _put_unless_cancelled(q: queue.Queue[Any], item: Any, cancelled: threading.Event) -> bool:
+    """Queue ``item`` from a reader thread, waiting for room; False once the consumer has gone
+    away (``cancelled``)."""
+    while not cancelled.is_set():
+        try:
+            q.put(item, timeout=0.2)
+            return True
+        except queue.Full:
+            continue
+    return False
+
+
 async def _read_ahead(
     paths: Sequence[str | Path], topics: tuple[str, ...] | None, opts: ReplayOptions | None = None
 ) -> AsyncIterator[RecordedMessage | SkippedTopic]:
@@ -175,14 +187,7 @@ async def _read_ahead(
     span_ns = int(opts.duration_s * 1e9) if opts and opts.duration_s is not None else None
 
     def put(item: Any) -> bool:
-        """Queue ``item``; False once the consumer has gone away."""
-        while not cancelled.is_set():
-            try:
-                q.put(item, timeout=0.2)
-                return True
-            except queue.Full:
-                continue
-        return False
+        return _put_unless_cancelled(q, item, cancelled)
 
     def produce() -> None:
         first_log: int | None = None
@@ -234,13 +239,7 @@ def _batches_ahead(
     cancelled = threading.Event()
 
     def put(item: Any) -> bool:
-        while not cancelled.is_set():
-            try:
-                q.put(item, timeout=0.2)
-                return True
-            except queue.Full:
-                continue
-        return False
+        return _put_unless_cancelled(q, item, cancelled)
 
     def produce() -> None:
         chunk: list[Any] = []
