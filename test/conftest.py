@@ -7,7 +7,10 @@ from __future__ import annotations
 
 import asyncio
 import os
+import sys
+import threading
 import time
+import traceback
 import uuid
 from collections.abc import AsyncIterator, Callable, Iterator
 from dataclasses import dataclass
@@ -17,6 +20,49 @@ import pytest
 from embodied_bus import Bus, open_bus
 from embodied_bus.testing.ports import free_port
 from embodied_bus.testing.pulsar import PulsarStandalone
+
+#: Exit status of the session, kept for :func:`pytest_unconfigure`.
+_exit_status = pytest.StashKey[int]()
+
+
+def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
+    session.config.stash[_exit_status] = int(exitstatus)
+
+
+def _busy_threads() -> list[threading.Thread]:
+    """Non-daemon threads the interpreter would join at exit, without idle pool workers."""
+    frames = sys._current_frames()
+    busy = []
+    for t in threading.enumerate():
+        if t is threading.main_thread() or t.daemon or not t.is_alive() or t.ident is None:
+            continue
+        stack = traceback.extract_stack(frames.get(t.ident)) if t.ident in frames else []
+        idle_worker = any(f.name == "_worker" for f in stack) and not any(f.name == "run" for f in stack)
+        if not idle_worker:
+            busy.append(t)
+    return busy
+
+
+@pytest.hookimpl(trylast=True)
+def pytest_unconfigure(config: pytest.Config) -> None:
+    """Leave as soon as pytest has reported, whatever native code would do at interpreter exit.
+
+    A blocking engine call left behind (a Pulsar close on a crashed broker, a Zenoh session that
+    does not close) must not hold the test command open until CI's time limit: the product runs
+    such calls on daemon threads (``engines._blocking``), and this guard names any that still
+    hold the exit, with their stacks, then exits with pytest's status.
+    """
+    status = config.stash.get(_exit_status, None)
+    if status is None or os.environ.get("EMBODIED_BUS_TEST_NORMAL_EXIT"):
+        return
+    frames = sys._current_frames()
+    for t in _busy_threads():
+        print(f"\nthread {t.name!r} would hold the interpreter's exit:", file=sys.stderr)
+        if t.ident in frames:
+            traceback.print_stack(frames[t.ident], limit=12, file=sys.stderr)
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(status)
 
 
 @pytest.fixture(scope="session")

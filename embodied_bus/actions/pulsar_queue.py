@@ -69,7 +69,8 @@ from embodied_bus.actions.model import (
     encode_action,
 )
 from embodied_bus.actions.policy import DEFAULT_RETRY, RetryPolicy
-from embodied_bus.engines.pulsar_engine import PulsarEngine
+from embodied_bus.engines._blocking import call_bounded
+from embodied_bus.engines.pulsar_engine import PulsarEngine, close_handle
 from embodied_bus.errors import BusConnectionError
 
 __all__ = [
@@ -206,7 +207,7 @@ class StateLog:
         old, self._reader = self._reader, None
         _log.warning("Pulsar action state log: reader stuck, reopening it after the last record")
         if old is not None:
-            await _close(old)
+            await close_handle(old)
         try:
             self._reader = await self._create_reader(self._last_id or pulsar.MessageId.earliest)
         except pulsar.PulsarException as err:
@@ -280,9 +281,10 @@ class StateLog:
             try:
                 if reader is None:
                     raise pulsar.PulsarException("no state log reader")
-                behind = await asyncio.wait_for(
-                    asyncio.to_thread(reader.has_message_available),
+                behind = await call_bounded(
+                    reader.has_message_available,
                     max(0.1, min(REOPEN_AFTER_S, deadline - loop.time())),
+                    name="eb-state-log-probe",
                 )
                 failing_since = None
             except (pulsar.PulsarException, TimeoutError) as err:
@@ -326,25 +328,12 @@ class StateLog:
     async def close(self) -> None:
         for h in (self._reader, self._producer):
             if h is not None:
-                await _close(h)
+                await close_handle(h)
 
 
 def _resolve(fut: asyncio.Future[None]) -> None:
     if not fut.done():
         fut.set_result(None)
-
-
-#: Longest wait for a producer, consumer or reader to close, seconds (a reader that cannot
-#: reconnect after a broker crash can block its close).
-CLOSE_TIMEOUT_S = 5.0
-
-
-async def _close(handle: Any) -> None:
-    """Close a client handle, bounded by :data:`CLOSE_TIMEOUT_S` (then left to the client)."""
-    try:
-        await asyncio.wait_for(asyncio.to_thread(handle.close), CLOSE_TIMEOUT_S)
-    except (pulsar.PulsarException, TimeoutError, ValueError) as err:  # ValueError: closed before
-        _log.debug("close did not finish: %s", err)
 
 
 def _copy(a: Action) -> Action:
@@ -404,7 +393,7 @@ class _Producers:
 
     async def close(self) -> None:
         for p in self._open.values():
-            await _close(p)
+            await close_handle(p)
         self._open.clear()
 
 
@@ -503,7 +492,7 @@ class PulsarActionQueue:
         handles = [*self._consumers.values(), self._reply_consumer]
         for h in handles:
             if h is not None:
-                await _close(h)
+                await close_handle(h)
         await self._producers.close()
         await self._reply_producers.close()
         await self.state.close()

@@ -281,9 +281,11 @@ class QueueService:
             if a.status.terminal:
                 self._publish_result(a)
             else:
-                threading.Timer(
+                retry = threading.Timer(
                     max(0.0, s.policy.backoff_s(a.attempt_count)) + 0.01, self._wake, (a.kind,)
-                ).start()
+                )
+                retry.daemon = True  # a pending wake-up never holds the process open
+                retry.start()
             return _ok(status=a.status.value)
         if op == "get_many":
             ids = req["ids"]

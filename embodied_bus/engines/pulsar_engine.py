@@ -20,6 +20,7 @@ from typing import Any
 
 import pulsar
 
+from embodied_bus.engines._blocking import call_bounded
 from embodied_bus.engines.base import (
     AckFn,
     Engine,
@@ -145,10 +146,7 @@ class _PulsarPublisher(EnginePublisher):
             await self.flush()
         finally:
             self._closed = True
-            try:
-                await asyncio.to_thread(self._producer.close)
-            except pulsar.PulsarException:
-                pass
+            await close_handle(self._producer)
 
 
 class _PulsarSubscriber(EngineSubscriber):
@@ -203,7 +201,27 @@ class _PulsarSubscriber(EngineSubscriber):
                 except pulsar.PulsarException:
                     pass
 
-        await asyncio.to_thread(_close)
+        try:
+            await call_bounded(_close, CLOSE_TIMEOUT_S, name="eb-pulsar-close")
+        except TimeoutError:
+            _logger.debug("closing a consumer did not finish within %g s", CLOSE_TIMEOUT_S)
+
+
+#: Longest wait for a client, producer, consumer or reader to close, seconds (one that cannot
+#: reconnect after a broker crash can block its close; it is then left behind on a daemon thread).
+CLOSE_TIMEOUT_S = 5.0
+
+
+async def close_handle(handle: Any) -> None:
+    """Close a Pulsar client, producer, consumer or reader, bounded by :data:`CLOSE_TIMEOUT_S`.
+
+    Errors (already closed, broker gone) and a close that does not finish are logged at debug level
+    and otherwise ignored: the caller is shutting down.
+    """
+    try:
+        await call_bounded(handle.close, CLOSE_TIMEOUT_S, name="eb-pulsar-close")
+    except (pulsar.PulsarException, TimeoutError, ValueError) as err:  # ValueError: closed before
+        _logger.debug("close did not finish: %s", err or type(err).__name__)
 
 
 def _acker(consumer: Any, msg: Any) -> AckFn:
@@ -316,15 +334,12 @@ class _PulsarGroup(GroupMembership):
                     properties={"member": self._me[0], "value": self._me[1], "state": "left"},
                 )
                 await asyncio.to_thread(sent.wait, 2.0)
-                await asyncio.to_thread(self._producer.close)
             except pulsar.PulsarException:
                 pass
+            await close_handle(self._producer)
         for t in self._threads:
             await asyncio.to_thread(t.join, 2.0)
-        try:
-            await asyncio.to_thread(self._consumer.close)
-        except pulsar.PulsarException:
-            pass
+        await close_handle(self._consumer)
 
 
 def _group_topic(settings: PulsarSettings, group: str) -> str:
@@ -365,18 +380,19 @@ class PulsarEngine(Engine):
         client = pulsar.Client(settings.service_url, **kwargs)
         probe = stream_topic(settings, "_probe")
         try:
-            await asyncio.wait_for(
-                asyncio.to_thread(client.get_topic_partitions, probe),
+            await call_bounded(
+                lambda: client.get_topic_partitions(probe),
                 settings.connect_timeout_s + 2.0,
+                name="eb-pulsar-probe",
             )
         except pulsar.AuthenticationError as err:
-            await asyncio.to_thread(client.close)
+            await close_handle(client)
             raise BusConnectionError(
                 f"Pulsar broker at {settings.service_url} refused our credentials "
                 f"({'token' if settings.token else 'no token given'}): {err}"
             ) from err
         except (pulsar.PulsarException, TimeoutError) as err:
-            await asyncio.to_thread(client.close)
+            await close_handle(client)
             raise BusConnectionError(
                 f"cannot reach Pulsar broker at {settings.service_url} within "
                 f"{settings.connect_timeout_s:g} s: {err or type(err).__name__}"
@@ -458,7 +474,4 @@ class PulsarEngine(Engine):
     async def close(self) -> None:
         if not self._closed:
             self._closed = True
-            try:
-                await asyncio.to_thread(self.client.close)
-            except pulsar.PulsarException:
-                pass
+            await close_handle(self.client)

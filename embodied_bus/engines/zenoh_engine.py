@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
 import threading
 import time
 from collections import deque
@@ -16,6 +17,7 @@ from typing import Any
 
 import zenoh
 
+from embodied_bus.engines._blocking import call_bounded
 from embodied_bus.engines.base import (
     Engine,
     EnginePublisher,
@@ -53,7 +55,10 @@ LAZY_COPY_BYTES = 64 * 1024
 _SHM_FLAG = int(HeaderFlags.SHM)
 #: Samples a BLOCK publisher may queue before ``publish`` awaits room.
 SENDER_HIGH_WATER = 1024
+#: Longest wait for the session to close, seconds (then it is left behind on a daemon thread).
+CLOSE_TIMEOUT_S = 10.0
 
+_logger = logging.getLogger("embodied_bus.zenoh")
 _log_init = threading.Lock()
 _log_done = False
 
@@ -413,8 +418,8 @@ class ZenohEngine(Engine):
         _init_logging()
         cfg = build_zenoh_config(settings)
         try:
-            session = await asyncio.wait_for(
-                asyncio.to_thread(zenoh.open, cfg), settings.connect_timeout_s + 5.0
+            session = await call_bounded(
+                lambda: zenoh.open(cfg), settings.connect_timeout_s + 5.0, name="eb-zenoh-open"
             )
         except zenoh.ZError as err:
             where = ", ".join(settings.connect or settings.listen) or "the default endpoints"
@@ -533,4 +538,7 @@ class ZenohEngine(Engine):
     async def close(self) -> None:
         if not self._closed:
             self._closed = True
-            await asyncio.to_thread(self.session.close)
+            try:
+                await call_bounded(self.session.close, CLOSE_TIMEOUT_S, name="eb-zenoh-close")
+            except TimeoutError:
+                _logger.warning("the Zenoh session did not close within %g s; left behind", CLOSE_TIMEOUT_S)
