@@ -198,11 +198,16 @@ def raw_pulsar_latency(url: str, n: int) -> dict[str, float]:
 
 
 def _quiet_logger() -> Any:
-    import logging
+    """The client logger embodied_bus uses: native (C++), warnings and up.
 
-    lg = logging.getLogger("pulsar")
-    lg.setLevel(logging.WARNING)
-    return lg
+    Not a Python ``logging.Logger``: the C++ client keeps the logger of the first client of a
+    process for every later client, and a Python logger takes the GIL on every log-level check
+    of the client's I/O threads. Until 2026-12-02 the raw runs used one and were slowed by it
+    (and so was every run of ours measured after them): the Pulsar ratios were inflated.
+    """
+    import pulsar
+
+    return pulsar.ConsoleLogger(pulsar.LoggerLevel.Warn)
 
 
 # --------------------------------------------------------------------------- ours

@@ -119,12 +119,28 @@ def test_sample_headers_decode_or_raise_header_error(data: bytes) -> None:
         assert h.seq >= 1 and h.bucket_width_ns > 0
 
 
+_COMPACT = encode_properties(HEADER)["eb.h"]
+
+
 @FUZZ
-@given(st.dictionaries(st.sampled_from(sorted(encode_properties(HEADER))), st.text(max_size=30), max_size=14))
-def test_pulsar_properties_decode_or_raise_header_error(props: dict[str, str]) -> None:
-    full = {**encode_properties(HEADER), **props}
-    only((HeaderError,), lambda: decode_properties(full))
-    only((HeaderError,), lambda: decode_properties(props))
+@given(
+    st.one_of(
+        st.text(max_size=200),
+        st.builds(
+            lambda cut, insert: _COMPACT[:cut] + insert + _COMPACT[cut + 1 :],
+            st.integers(0, len(_COMPACT)),
+            st.text(max_size=8),
+        ),
+    ),
+    st.dictionaries(
+        st.sampled_from(["eb.v", "eb.seq", "eb.stream", "eb.flags"]), st.text(max_size=30), max_size=4
+    ),
+)
+def test_pulsar_properties_decode_or_raise_header_error(compact: str, layout1: dict[str, str]) -> None:
+    h = only((HeaderError,), lambda: decode_properties({"eb.h": compact}))
+    if h is not None:
+        assert h.seq >= 1 and h.bucket_width_ns > 0
+    only((HeaderError,), lambda: decode_properties(layout1))
 
 
 def _valid_frame() -> bytes:

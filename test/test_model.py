@@ -91,12 +91,66 @@ def test_a_header_with_sequence_zero_is_rejected() -> None:
         decode_header(encode_header(BASE._replace(seq=0)))
 
 
+def _layout1_properties(h: Header) -> dict[str, str]:
+    """The thirteen properties earlier builds wrote (layout 1)."""
+    return {
+        "eb.v": "1",
+        "eb.stream": h.stream,
+        "eb.modality": h.modality.name.lower(),
+        "eb.seq": str(h.seq),
+        "eb.stamp_ns": str(h.stamp_ns),
+        "eb.bucket": str(h.bucket),
+        "eb.width_ns": str(h.bucket_width_ns),
+        "eb.offset_ns": str(h.bucket_offset_ns),
+        "eb.encoding": h.encoding,
+        "eb.frame_id": h.frame_id,
+        "eb.pub": format(h.publisher_id, "016x"),
+        "eb.pub_ns": str(h.publish_ns),
+        "eb.flags": str(int(h.flags)),
+    }
+
+
+def test_pulsar_properties_are_one_compact_text_that_keeps_any_encoding_and_frame_id() -> None:
+    h = BASE._replace(encoding="raw|rgb8:2x2", frame_id="cam|left ü")
+    props = encode_properties(h)
+    assert list(props) == ["eb.h"] and props["eb.h"].startswith("2|lidar/front|lidar|1|")
+    assert decode_properties(props) == h
+    assert decode_properties({**props, "other": "x"}) == h  # foreign properties are ignored
+
+
+def test_properties_written_by_earlier_builds_still_decode() -> None:
+    assert decode_properties(_layout1_properties(BASE)) == BASE
+
+
+@pytest.mark.parametrize(
+    ("field", "value", "message"),
+    [
+        (3, "soon", r"field seq is not an integer: 'soon'"),
+        (5, "1.5", r"field bucket is not an integer"),
+        (8, "xyz", r"field pub is not an integer"),
+        (1, "li dar", r"invalid stream name 'li dar'"),
+        (2, "sonar", r"unknown modality 'sonar'"),
+        (0, "9", r"unsupported eb.h layout '9'"),
+        (11, "999", r"encoding_len 999"),
+    ],
+)
+def test_a_malformed_compact_header_names_the_field(field: int, value: str, message: str) -> None:
+    parts = encode_properties(BASE)["eb.h"].split("|", 12)
+    parts[field] = value
+    with pytest.raises(HeaderError, match=message):
+        decode_properties({"eb.h": "|".join(parts)})
+    with pytest.raises(HeaderError, match="fields, expected 13"):
+        decode_properties({"eb.h": "2|lidar/top|lidar"})
+
+
 def test_properties_missing_or_malformed_name_the_key() -> None:
-    props = encode_properties(BASE)
+    with pytest.raises(HeaderError, match=r"eb\.h"):
+        decode_properties({"unrelated": "1"})
+    props = _layout1_properties(BASE)
     del props["eb.stamp_ns"]
     with pytest.raises(HeaderError, match=r"eb\.stamp_ns"):
         decode_properties(props)
-    props = encode_properties(BASE)
+    props = _layout1_properties(BASE)
     props["eb.bucket"] = "soon"
     with pytest.raises(HeaderError, match=r"eb\.bucket"):
         decode_properties(props)

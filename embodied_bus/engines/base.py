@@ -55,6 +55,8 @@ class EnginePublisher(abc.ABC):
 
     #: Largest payload this publisher can carry, in bytes (None: no engine limit).
     max_payload_bytes: int | None = None
+    #: ``Publisher.publish`` awaits :meth:`wait_writable` once :meth:`backlog` exceeds this.
+    high_water: int = 256
 
     @abc.abstractmethod
     def send(self, header: Header, payload: bytes | bytearray) -> bool:

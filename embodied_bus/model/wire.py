@@ -21,6 +21,7 @@ from embodied_bus.errors import HeaderError
 __all__ = [
     "HEADER_STRUCT",
     "MAX_NAME_BYTES",
+    "PROPERTY_LAYOUT",
     "WIRE_MAGIC",
     "WIRE_VERSION",
     "Header",
@@ -73,6 +74,10 @@ class Modality(enum.IntEnum):
         except (KeyError, ValueError) as err:
             names = ", ".join(m.name.lower() for m in cls)
             raise HeaderError(f"unknown modality {value!r}; expected one of {names}") from err
+
+
+_MODALITY_NAMES = {m: m.name.lower() for m in Modality}
+_MODALITY_BY_NAME = {m.name.lower(): m for m in Modality}
 
 
 class HeaderFlags(enum.IntFlag):
@@ -269,31 +274,116 @@ _PROP_KEYS = (
 )
 
 
+#: Layout version of the compact Pulsar header property ``eb.h``.
+PROPERTY_LAYOUT = 2
+#: Fields of ``eb.h`` in order (the last holds the encoding followed by the frame_id).
+_H_FIELDS = (
+    "layout",
+    "stream",
+    "modality",
+    "seq",
+    "stamp_ns",
+    "bucket",
+    "width_ns",
+    "offset_ns",
+    "pub",
+    "pub_ns",
+    "flags",
+    "encoding_len",
+    "encoding+frame_id",
+)
+_H_PREFIX = f"{PROPERTY_LAYOUT}|"
+
+
 def encode_properties(h: Header) -> dict[str, str]:
-    """Encode a header as Pulsar message properties (text)."""
+    """Encode a header as Pulsar message properties: one text property ``eb.h``.
+
+    ``eb.h`` is ``2|stream|modality|seq|stamp_ns|bucket|width_ns|offset_ns|pub|pub_ns|flags|
+    len(encoding)|<encoding><frame_id>`` (``pub`` in 16 hex digits, lengths in characters), so
+    encoding and frame_id may hold any character. One property instead of thirteen doubles a
+    1 KiB stream's throughput through the Pulsar client.
+    """
+    enc = h.encoding
     return {
-        "eb.v": str(WIRE_VERSION),
-        "eb.stream": h.stream,
-        "eb.modality": h.modality.name.lower(),
-        "eb.seq": str(h.seq),
-        "eb.stamp_ns": str(h.stamp_ns),
-        "eb.bucket": str(h.bucket),
-        "eb.width_ns": str(h.bucket_width_ns),
-        "eb.offset_ns": str(h.bucket_offset_ns),
-        "eb.encoding": h.encoding,
-        "eb.frame_id": h.frame_id,
-        "eb.pub": format(h.publisher_id, "016x"),
-        "eb.pub_ns": str(h.publish_ns),
-        "eb.flags": str(int(h.flags)),
+        "eb.h": f"{_H_PREFIX}{h.stream}|{_MODALITY_NAMES[h.modality]}|{h.seq}|{h.stamp_ns}|{h.bucket}|"
+        f"{h.bucket_width_ns}|{h.bucket_offset_ns}|{h.publisher_id:016x}|{h.publish_ns}|{int(h.flags)}|"
+        f"{len(enc)}|{enc}{h.frame_id}"
     }
 
 
+_valid_streams: set[str] = set()  # stream names seen valid (a bounded cache)
+
+
+def _is_int(text: str, base: int) -> bool:
+    try:
+        int(text, base)
+    except ValueError:
+        return False
+    return True
+
+
+def _decode_compact(value: str) -> Header:
+    parts = value.split("|", 12)
+    if len(parts) != 13:
+        raise HeaderError(f"property eb.h has {len(parts)} fields, expected 13: {value[:120]!r}")
+    if parts[0] != str(PROPERTY_LAYOUT):
+        raise HeaderError(f"unsupported eb.h layout {parts[0]!r}, this build reads {PROPERTY_LAYOUT}")
+    try:
+        seq, stamp_ns, bucket, width_ns, offset_ns = map(int, parts[3:8])
+        pub = int(parts[8], 16)
+        pub_ns, flag_bits, enc_len = map(int, parts[9:12])
+    except ValueError as err:
+        bad = next(i for i in range(3, 12) if not _is_int(parts[i], 16 if i == 8 else 10))
+        raise HeaderError(f"property eb.h: field {_H_FIELDS[bad]} is not an integer: {parts[bad]!r}") from err
+    flags = _FLAGS.get(flag_bits)
+    if flags is None:
+        try:
+            flags = HeaderFlags(flag_bits & 3)  # unknown flag bits are ignored (compatible)
+        except ValueError as err:
+            raise HeaderError(f"property eb.h: invalid flags {flag_bits}") from err
+    if seq <= 0:
+        raise HeaderError(f"property eb.h: seq must be >= 1, got {seq}")
+    if width_ns <= 0:
+        raise HeaderError(f"property eb.h: width_ns must be positive, got {width_ns}")
+    tail = parts[12]
+    if not 0 <= enc_len <= len(tail):
+        raise HeaderError(
+            f"property eb.h: encoding_len {enc_len} does not fit the {len(tail)} characters left"
+        )
+    stream = parts[1]
+    if stream not in _valid_streams:
+        if not _STREAM_RE.match(stream):
+            raise HeaderError(f"property eb.h: invalid stream name {stream!r}")
+        if len(_valid_streams) < 4096:
+            _valid_streams.add(stream)
+    return Header(
+        stream,
+        _MODALITY_BY_NAME.get(parts[2]) or Modality.parse(parts[2]),
+        seq,
+        stamp_ns,
+        bucket,
+        width_ns,
+        offset_ns,
+        tail[:enc_len],
+        tail[enc_len:],
+        pub,
+        pub_ns,
+        flags,
+    )
+
+
 def decode_properties(props: Mapping[str, str]) -> Header:
-    """Decode a header from Pulsar message properties.
+    """Decode a header from Pulsar message properties: ``eb.h`` (layout 2), or the thirteen
+    ``eb.*`` properties of layout 1 that earlier builds wrote.
 
     Raises:
         HeaderError: A property is missing or malformed; the message names it.
     """
+    compact = props.get("eb.h")
+    if compact is not None:
+        return _decode_compact(compact)
+    if "eb.v" not in props:
+        raise HeaderError("message properties lack eb.h (no embodied_bus header)")
     missing = [k for k in _PROP_KEYS if k not in props]
     if missing:
         raise HeaderError(f"message properties lack {', '.join(missing)}")

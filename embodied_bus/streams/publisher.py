@@ -52,7 +52,7 @@ class Publisher:
         if engine_pub.max_payload_bytes is not None:
             limit = min(limit, engine_pub.max_payload_bytes)
         self._limit = limit
-        self._high_water = 256
+        self._high_water = engine_pub.high_water
         #: Samples the engine dropped (drop_oldest with a full queue).
         self.dropped = 0
         #: Samples handed to the engine.
