@@ -40,7 +40,9 @@ _log = logging.getLogger("embodied_bus.fusion")
 SCALE_OUT_MODES = (None, "ring", "key-shared")
 #: Key-shared mode waits this long for the group's heartbeats before taking slots, seconds.
 GROUP_SETTLE_S = 0.6
-#: Key-shared mode: a redelivered bucket is assembled once no sample of it came for this long.
+#: Key-shared mode: a redelivered bucket is assembled once no sample of it came for this long,
+#: or for the spec's lateness bound if that is longer (after a re-deal, the samples a former
+#: owner held come back topic by topic, as the broker redelivers them).
 RECOVERY_QUIET_S = 0.5
 #: Recent buckets remembered for ring bookkeeping.
 _RECENT = 512
@@ -254,8 +256,11 @@ class FusionWorker:
             elif isinstance(ev, StampJump):
                 self.metrics.jumps += 1
 
-    async def _recover(self, quiet_s: float = RECOVERY_QUIET_S) -> None:
-        """Emit redelivered buckets whose samples stopped arriving ``quiet_s`` ago."""
+    async def _recover(self, quiet_s: float | None = None) -> None:
+        """Emit redelivered buckets whose samples stopped arriving ``quiet_s`` ago (default:
+        :data:`RECOVERY_QUIET_S` or the lateness bound, whichever is longer)."""
+        if quiet_s is None:
+            quiet_s = max(RECOVERY_QUIET_S, self.spec.lateness_ns / 1e9)
         now = time.monotonic()
         for b in [b for b, t in self._recovering_at.items() if now - t >= quiet_s]:
             samples = self._recovering.pop(b)
@@ -367,7 +372,7 @@ class FusionWorker:
                     await asyncio.sleep(0.2)
                     continue
             self.slots = ranges
-            self._settle_until = time.monotonic() + RECOVERY_QUIET_S
+            self._settle_until = time.monotonic() + max(RECOVERY_QUIET_S, self.spec.lateness_ns / 1e9)
             pump = asyncio.create_task(self._pump(sub)) if sub is not None else None
             changed = asyncio.create_task(ring.changed.wait())
             stopped = asyncio.create_task(stop.wait())
