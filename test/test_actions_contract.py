@@ -454,6 +454,31 @@ async def test_an_idle_executor_gets_a_new_action_pushed_without_a_lease_round_t
     assert ex.pushed >= 1  # started from the service's push, not from a lease it asked for
 
 
+async def test_under_a_backlog_an_ack_brings_the_next_actions_within_the_concurrency_limit(rig: Rig) -> None:
+    if rig.service is None:
+        pytest.skip("acks that lease belong to the Zenoh queue service")
+    now = peak = 0
+
+    async def brief(action: Action, ctx):  # type: ignore[no-untyped-def]
+        nonlocal now, peak
+        now += 1
+        peak = max(peak, now)
+        try:
+            await asyncio.sleep(0.005)
+        finally:
+            now -= 1
+        return {"n": action.payload["n"]}
+
+    handles = [await rig.planner.submit("brief", {"n": i}) for i in range(30)]  # the backlog first
+    ex = Executor(rig.ex_bus, "busy", concurrency=2, policy=FAST)
+    ex.handler("brief")(brief)
+    rig.tasks.append(asyncio.create_task(ex.run(rig.stop)))
+    done = await asyncio.gather(*(h.result(timeout_s=30) for h in handles))
+    assert [d.result for d in done] == [{"n": i} for i in range(30)]
+    assert peak <= 2
+    assert ex.leased_with_ack >= 15  # most came in the answers to acks, not from lease requests
+
+
 async def test_a_lease_crossing_a_push_is_reduced_by_what_was_pushed(rig: Rig) -> None:
     if rig.service is None:
         pytest.skip("the push path belongs to the Zenoh queue service")

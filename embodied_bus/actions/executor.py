@@ -105,6 +105,11 @@ class Executor:
         self.failed = 0
         #: Actions the queue service pushed to this executor while it was idle (Zenoh).
         self.pushed = 0
+        #: Actions leased in the answer to an ack (Zenoh): no separate lease round trip.
+        self.leased_with_ack = 0
+        # the fields of this executor's lease request while it takes work (Zenoh), else None
+        self._lease_fields: dict[str, Any] | None = None
+        self._idle_known = False  # the last ack's lease found the queue empty
         self._running: set[asyncio.Task[None]] = set()
 
     def handler(self, kind: str) -> Callable[[Handler], Handler]:
@@ -160,18 +165,36 @@ class Executor:
         batch, self._acks = self._acks, []
         if not batch:
             return
+        # Under a backlog the slots these acks free are filled from the answer (the service
+        # leases as for a lease request): one round trip per batch instead of two.
+        extra: dict[str, Any] = {}
+        if self._lease_fields is not None:
+            free = self.concurrency - len(self._running) + len(batch)
+            if free > 0:
+                extra["lease"] = {**self._lease_fields, "max": min(free, 256)}
         try:
             if len(batch) == 1:
-                await self._call(batch[0][0])
+                reply = await self._call({**batch[0][0], **extra})
                 answers: list[dict[str, Any]] = [{"ok": True}]
             else:
-                reply = await self._call({"op": "ack_many", "acks": [r for r, _ in batch]})
+                reply = await self._call({"op": "ack_many", "acks": [r for r, _ in batch], **extra})
                 answers = reply["answers"]
         except (ConnectionError, RuntimeError) as err:
             for _, fut in batch:
                 if not fut.done():
                     fut.set_exception(type(err)(str(err)))
             return
+        if "lease" in extra:
+            # fewer than asked: the queue is empty and the service has us down as idle (it
+            # pushes what comes next), so the run loop need not ask again
+            self._idle_known = len(reply.get("actions") or ()) < extra["lease"]["max"]
+        for env in reply.get("actions") or ():
+            try:
+                self._start(env)
+            except ActionError as err:
+                _log.warning("bad action leased to %s with an ack: %s", self.name, err)
+            else:
+                self.leased_with_ack += 1
         for (_, fut), answer in zip(batch, answers, strict=True):
             if fut.done():
                 continue
@@ -294,10 +317,25 @@ class Executor:
             subs.append(self.bus.engine.listen(f"actions/assign/{self.name}", pushed))
         await group.announce(self.name, json.dumps({"kinds": kinds}))
         running = self._running
+        if self._pulsar is None:
+            self._lease_fields = {
+                "executor": self.name,
+                "kinds": kinds,
+                "labels": self.labels,
+                "lease_s": LEASE_S,
+                "push": True,
+            }
         try:
             while not stop.is_set():
                 if len(running) >= self.concurrency:
                     await asyncio.wait(running, return_when=asyncio.FIRST_COMPLETED)
+                    continue
+                if self._idle_known:  # registered idle by an ack: wait for a push or a wake
+                    self._idle_known = False
+                    waiters = {asyncio.create_task(self._wake.wait()), asyncio.create_task(stop.wait())}
+                    await asyncio.wait(waiters, timeout=0.5, return_when=asyncio.FIRST_COMPLETED)
+                    for w in waiters:
+                        w.cancel()
                     continue
                 self._wake.clear()
                 reply = await self._call(
@@ -320,6 +358,7 @@ class Executor:
                     continue
                 for env in leased:
                     self._start(env)
+            self._lease_fields = None  # acks stop asking for more
             if self._pulsar is None:
                 try:  # no more pushes; one racing with this still runs below
                     await self._call({"op": "retire", "executor": self.name}, RETIRE_TIMEOUT_S)
@@ -328,6 +367,7 @@ class Executor:
             while running:
                 await asyncio.wait(set(running))
         finally:
+            self._lease_fields = None
             for s in subs:
                 s.undeclare()
             await group.leave()

@@ -191,6 +191,51 @@ class QueueService:
         ) as err:
             return _err(f"bad {op!r} request: missing or wrong field {err}")
 
+    def _lease(self, req: dict[str, Any]) -> list[bytes] | bytes:
+        """Lease ready actions to ``req['executor']`` (a lease request, or the ``lease`` part of
+        an ack): their stored envelopes, or an error reply."""
+        s = self.store
+        want = req.get("max", 1)
+        if isinstance(want, bool) or not isinstance(want, int) or not 1 <= want <= 256:
+            return _err("bad 'lease' request: 'max' must be an integer 1..256")
+        executor = req["executor"]
+        if not isinstance(executor, str) or not isinstance(req["kinds"], list):
+            return _err("bad 'lease' request: 'executor' must be a string and 'kinds' a list")
+        labels = req.get("labels") or {}
+        lease_s = req.get("lease_s", 10.0)
+        if not isinstance(labels, dict) or isinstance(lease_s, bool) or not isinstance(lease_s, (int, float)):
+            return _err("bad 'lease' request: 'labels' must be an object and 'lease_s' a number")
+        # pushes the executor may not have counted when it asked: never exceed its limit
+        free = want - self._pushed_since.pop(executor, 0)
+        leased = (
+            s.lease_many(
+                executor, req["kinds"], free, labels=labels, lease_s=lease_s, live_executors=self._live
+            )
+            if free > 0
+            else []
+        )
+        bodies = [s.encoded(a) for a in leased]
+        if free - len(leased) > 0 and req.get("push", False):
+            self._idle[executor] = (list(req["kinds"]), labels, float(lease_s), free - len(leased))
+        else:
+            self._idle.pop(executor, None)
+        for expired in s.take_expired():  # passed by on the way: never started
+            self._publish_result(expired)
+        return bodies
+
+    def _with_lease(self, reply: bytes, req: dict[str, Any]) -> bytes:
+        """An ack's reply, plus the next actions when the ack asked for them (``lease``: the
+        fields of a lease request): one round trip instead of two per action under a backlog."""
+        lease = req.get("lease")
+        if lease is None:
+            return reply
+        if not isinstance(lease, dict):
+            return _err("bad ack request: 'lease' must be an object with the fields of a lease request")
+        leased = self._lease(lease)
+        if isinstance(leased, bytes):
+            return leased
+        return reply[:-1] + b', "actions": [' + b",".join(leased) + b"]}"
+
     def _dispatch(self, op: str, req: dict[str, Any]) -> bytes:
         s = self.store
         if op == "submit":
@@ -214,37 +259,12 @@ class QueueService:
                     self._wake(kind)
             return _ok(actions=out)
         if op == "lease":
-            want = req.get("max", 1)
-            if isinstance(want, bool) or not isinstance(want, int) or not 1 <= want <= 256:
-                return _err("bad 'lease' request: 'max' must be an integer 1..256")
-            executor = req["executor"]
-            labels = req.get("labels") or {}
-            lease_s = req.get("lease_s", 10.0)
-            if (
-                not isinstance(labels, dict)
-                or isinstance(lease_s, bool)
-                or not isinstance(lease_s, (int, float))
-            ):
-                return _err("bad 'lease' request: 'labels' must be an object and 'lease_s' a number")
-            # pushes the executor may not have counted when it asked: never exceed its limit
-            free = want - self._pushed_since.pop(executor, 0)
-            leased = (
-                s.lease_many(
-                    executor, req["kinds"], free, labels=labels, lease_s=lease_s, live_executors=self._live
-                )
-                if free > 0
-                else []
-            )
-            bodies = [s.encoded(a) for a in leased]
-            if free - len(leased) > 0 and req.get("push", False):
-                self._idle[executor] = (list(req["kinds"]), labels, float(lease_s), free - len(leased))
-            else:
-                self._idle.pop(executor, None)
-            for expired in s.take_expired():  # passed by on the way: never started
-                self._publish_result(expired)
+            leased = self._lease(req)
+            if isinstance(leased, bytes):
+                return leased
             # the stored envelopes spliced in as they are (no decode and re-encode per action)
-            first = bodies[0] if bodies else b"null"
-            return b'{"ok": true, "action": ' + first + b', "actions": [' + b",".join(bodies) + b"]}"
+            first = leased[0] if leased else b"null"
+            return b'{"ok": true, "action": ' + first + b', "actions": [' + b",".join(leased) + b"]}"
         if op == "retire":
             self._idle.pop(req["executor"], None)
             return _ok()
@@ -257,7 +277,7 @@ class QueueService:
         if op == "ack":
             a = s.ack(req["id"], req["executor"], req.get("result"))
             self._publish_result(a)
-            return _ok(status=a.status.value)
+            return self._with_lease(_ok(status=a.status.value), req)
         if op == "ack_many":
             acks = req["acks"]
             if not isinstance(acks, list) or len(acks) > 256 or not all(isinstance(x, dict) for x in acks):
@@ -273,7 +293,7 @@ class QueueService:
                 else:
                     self._publish_result(outcome)
                     answers.append({"ok": True, "status": outcome.status.value})
-            return _ok(answers=answers)
+            return self._with_lease(_ok(answers=answers), req)
         if op == "nack":
             a = s.nack(
                 req["id"], req["executor"], str(req.get("reason", "")), permanent=bool(req.get("permanent"))
