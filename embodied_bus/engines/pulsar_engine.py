@@ -12,7 +12,9 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
 import re
+import stat
 import threading
 import time
 import uuid
@@ -51,10 +53,29 @@ PULSAR_MAX_MESSAGE_BYTES = 5 * 1024 * 1024 - 10 * 1024
 MAX_PENDING_CHUNKED = 64
 
 _logger = logging.getLogger("embodied_bus.pulsar")
-#: The C++ client logs natively (warnings and errors, to stderr). A Python logger would be called
+#: The C++ client logs natively (warnings and errors; see ``_native_logger``). A Python logger would be called
 #: from the client's I/O threads, also while the interpreter shuts down, and a thread that needs
 #: the GIL then is ended by Python mid-C++ frame: the process aborts (std::terminate).
 _client_log_level = pulsar.LoggerLevel.Warn
+
+
+def _native_logger() -> Any:
+    """The client's own (C++) logger, on stderr where that can be opened as a stream.
+
+    pulsar-client's ``ConsoleLogger`` writes to *stdout*, where it would mix with the JSON the CLI
+    prints; its ``FileLogger`` opens a path, and ``/dev/stderr`` is safe to open anew only for a
+    pipe or a terminal (a regular file would be written from offset 0, a socket cannot be
+    opened). Elsewhere the console logger stays. Not a Python logger: the client calls it,
+    taking the GIL, on every log-level check of its I/O threads (halves small-message rates),
+    and from those threads during interpreter exit (aborted processes now and then).
+    """
+    try:
+        mode = os.fstat(2).st_mode
+    except OSError:
+        mode = 0
+    if (stat.S_ISFIFO(mode) or stat.S_ISCHR(mode)) and os.path.exists("/dev/stderr"):
+        return pulsar.FileLogger(_client_log_level, "/dev/stderr")
+    return pulsar.ConsoleLogger(_client_log_level)
 
 
 def stream_topic(settings: PulsarSettings, stream: str) -> str:
@@ -391,10 +412,11 @@ class _PulsarGroup(GroupMembership):
                     lambda *_: sent.set(),
                     properties={"member": self._me[0], "value": self._me[1], "state": "left"},
                 )
-                await asyncio.to_thread(sent.wait, 2.0)
             except pulsar.PulsarException:
-                pass
-            await close_handle(self._producer)
+                pass  # the client is closed already, and with it this producer
+            else:
+                await asyncio.to_thread(sent.wait, 2.0)
+                await close_handle(self._producer)
         for t in self._threads:
             await asyncio.to_thread(t.join, 2.0)
         await close_handle(self._consumer)
@@ -427,7 +449,7 @@ class PulsarEngine(Engine):
         kwargs: dict[str, Any] = {
             "operation_timeout_seconds": max(1, round(settings.connect_timeout_s)),
             "connection_timeout_ms": int(settings.connect_timeout_s * 1000),
-            "logger": pulsar.ConsoleLogger(_client_log_level),
+            "logger": _native_logger(),
         }
         if settings.service_url.startswith("pulsar+ssl"):
             kwargs["use_tls"] = True
