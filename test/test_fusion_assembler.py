@@ -361,6 +361,39 @@ def test_a_lost_fix_holds_frames_until_the_lateness_bound_unless_the_stream_has_
     assert sweep_200.member("gps") is not None and sweep_200.member("gps").stamp_ns == T0_NS  # held fix
 
 
+def test_a_sample_that_comes_after_its_stream_was_given_up_is_reported_late() -> None:
+    spec = spec_from_dict(
+        {
+            "bucket_width_ms": 100,
+            "bucket_offset_ms": 50,
+            "lateness_ms": 500,
+            "streams": {
+                "lidar": {"role": "reference", "expected_period_ms": 100},
+                "camera": {
+                    "role": "required",
+                    "max_skew_ms": 20,
+                    "expected_period_ms": 100,
+                    "max_delay_ms": 50,
+                },
+            },
+        }
+    )
+    # the camera image of the 200 ms sweep is delayed by 300 ms; lidar keeps event time moving
+    samples = sorted(
+        [sample("lidar", t, i + 1, t + 5) for i, t in enumerate(range(0, 700, 100))]
+        + [
+            sample("camera", t, i + 1, t + (300 if t == 200 else 5)) for i, t in enumerate(range(0, 700, 100))
+        ],
+        key=lambda s: s.receive_ns,
+    )
+    frames, other, asm = run(samples, spec)
+    sweep_200 = next(f for f in frames if f.reference_stamp_ns == T0_NS + 200 * MS)
+    assert not sweep_200.complete and "camera" in sweep_200.missing and not sweep_200.forced
+    late = [e for e in other if isinstance(e, LateSample)]
+    assert [(e.sample.stream, e.sample.stamp_ns) for e in late] == [("camera", T0_NS + 200 * MS)]
+    assert asm.stats.late == 1 and asm.stats.unused == 0
+
+
 @settings(max_examples=15, deadline=None)
 @given(seed=st.integers(0, 10_000), loss=st.sampled_from([0.0, 0.05, 0.3]))
 def test_skipping_buckets_held_back_by_another_stream_changes_no_event(seed: int, loss: float) -> None:

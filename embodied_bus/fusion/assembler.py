@@ -461,7 +461,13 @@ class Assembler:
                 )
             self._decided[b] = frozenset(names)
         else:
-            self._decided[b] = self._all_names
+            # a stream the frame went out without (given up by max_delay, or none in reach) is
+            # not decided: a sample of it arriving now is late data, not "a nearer one won"
+            self._decided[b] = (
+                self._all_names
+                if all(picked.values())
+                else frozenset(n for n, got in picked.items() if got or n in interp)
+            )
         if len(self._decided) > 256:
             for old in sorted(self._decided)[:128]:
                 del self._decided[old]
