@@ -235,7 +235,7 @@ def raw_pulsar_shared(url: str, n: int) -> dict[str, Any]:
         while True:
             try:
                 msg = c.receive(timeout_millis=3000)
-            except pulsar.Timeout:
+            except (pulsar.Timeout, pulsar.AlreadyClosed):  # done, or the client closed under us
                 return
             c.acknowledge(msg)
             done.release()
