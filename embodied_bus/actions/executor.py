@@ -188,13 +188,7 @@ class Executor:
             # fewer than asked: the queue is empty and the service has us down as idle (it
             # pushes what comes next), so the run loop need not ask again
             self._idle_known = len(reply.get("actions") or ()) < extra["lease"]["max"]
-        for env in reply.get("actions") or ():
-            try:
-                self._start(env)
-            except ActionError as err:
-                _log.warning("bad action leased to %s with an ack: %s", self.name, err)
-            else:
-                self.leased_with_ack += 1
+        self.leased_with_ack += self._start_many(reply.get("actions") or (), "leased with an ack")
         for (_, fut), answer in zip(batch, answers, strict=True):
             if fut.done():
                 continue
@@ -288,13 +282,27 @@ class Executor:
         except (ValueError, TypeError) as err:
             _log.warning("bad push to %s: %s", self.name, err)
             return
+        self.pushed += self._start_many(envs, "pushed")
+
+    def _start_many(self, envs: Any, how: str) -> int:
+        """Start every well-formed action of ``envs``; a malformed one is logged and left to
+        its lease expiry (then retried elsewhere). Returns how many started."""
+        started = 0
         for env in envs:
             try:
                 self._start(env)
             except ActionError as err:
-                _log.warning("bad action pushed to %s: %s", self.name, err)
+                _log.warning("bad action %s to %s: %s", how, self.name, err)
             else:
-                self.pushed += 1
+                started += 1
+        return started
+
+    async def _await_work(self, stop: asyncio.Event) -> None:
+        """Wait for a wake-up, ``stop`` or 0.5 s, whichever comes first."""
+        waiters = {asyncio.create_task(self._wake.wait()), asyncio.create_task(stop.wait())}
+        await asyncio.wait(waiters, timeout=0.5, return_when=asyncio.FIRST_COMPLETED)
+        for w in waiters:
+            w.cancel()
 
     async def run(self, stop: asyncio.Event) -> None:
         """Take and run actions until ``stop``; then finish what is running (graceful)."""
@@ -332,10 +340,7 @@ class Executor:
                     continue
                 if self._idle_known:  # registered idle by an ack: wait for a push or a wake
                     self._idle_known = False
-                    waiters = {asyncio.create_task(self._wake.wait()), asyncio.create_task(stop.wait())}
-                    await asyncio.wait(waiters, timeout=0.5, return_when=asyncio.FIRST_COMPLETED)
-                    for w in waiters:
-                        w.cancel()
+                    await self._await_work(stop)
                     continue
                 self._wake.clear()
                 reply = await self._call(
@@ -351,10 +356,7 @@ class Executor:
                 )
                 leased = reply.get("actions") or ([reply["action"]] if reply.get("action") else [])
                 if not leased:
-                    waiters = {asyncio.create_task(self._wake.wait()), asyncio.create_task(stop.wait())}
-                    await asyncio.wait(waiters, timeout=0.5, return_when=asyncio.FIRST_COMPLETED)
-                    for w in waiters:
-                        w.cancel()
+                    await self._await_work(stop)
                     continue
                 for env in leased:
                     self._start(env)

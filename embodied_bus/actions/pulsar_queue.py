@@ -331,11 +331,6 @@ class StateLog:
                 await close_handle(h)
 
 
-def _resolve(fut: asyncio.Future[None]) -> None:
-    if not fut.done():
-        fut.set_result(None)
-
-
 def _copy(a: Action) -> Action:
     return replace(a, attempts=list(a.attempts), selector=dict(a.selector))
 

@@ -14,9 +14,15 @@ import threading
 from collections.abc import Callable
 from typing import TypeVar
 
-__all__ = ["call_bounded"]
+__all__ = ["call_bounded", "resolve_none"]
 
 T = TypeVar("T")
+
+
+def resolve_none(fut: asyncio.Future[None]) -> None:
+    """Complete ``fut`` with None unless it is done already (for ``call_soon_threadsafe``)."""
+    if not fut.done():
+        fut.set_result(None)
 
 
 def _settle(fut: asyncio.Future[T], value: T | None, err: BaseException | None) -> None:

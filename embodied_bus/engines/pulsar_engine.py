@@ -24,7 +24,7 @@ from typing import Any
 
 import pulsar
 
-from embodied_bus.engines._blocking import call_bounded
+from embodied_bus.engines._blocking import call_bounded, resolve_none
 from embodied_bus.engines.base import (
     AckFn,
     Engine,
@@ -103,11 +103,6 @@ ACK_FLUSH_MS = 100
 CONFIRM_EVERY = 16
 
 
-def _resolve(fut: asyncio.Future[None]) -> None:
-    if not fut.done():
-        fut.set_result(None)
-
-
 class _PulsarPublisher(EnginePublisher):
     """One producer. Every :data:`CONFIRM_EVERY`-th send carries a completion callback: the
     client completes one producer's sends in order, so that callback confirms the ones before
@@ -140,7 +135,7 @@ class _PulsarPublisher(EnginePublisher):
             waiters, self._waiters = self._waiters, []
             for loop, fut in waiters:
                 try:
-                    loop.call_soon_threadsafe(_resolve, fut)
+                    loop.call_soon_threadsafe(resolve_none, fut)
                 except RuntimeError:  # that loop is closed
                     pass
 

@@ -17,7 +17,7 @@ from typing import Any
 
 import zenoh
 
-from embodied_bus.engines._blocking import call_bounded
+from embodied_bus.engines._blocking import call_bounded, resolve_none
 from embodied_bus.engines.base import (
     Engine,
     EnginePublisher,
@@ -171,7 +171,7 @@ class _SenderThread:
     def _wake_all(self) -> None:
         waiters, self._waiters = self._waiters, []
         for fut in waiters:
-            self._loop.call_soon_threadsafe(_resolve, fut)
+            self._loop.call_soon_threadsafe(resolve_none, fut)
 
     async def wait_below(self, limit: int) -> None:
         while True:
@@ -187,11 +187,6 @@ class _SenderThread:
             self._closed = True
             self._cond.notify()
         self._thread.join(10.0)
-
-
-def _resolve(fut: asyncio.Future[None]) -> None:
-    if not fut.done():
-        fut.set_result(None)
 
 
 class _ZenohPublisher(EnginePublisher):

@@ -314,6 +314,13 @@ def encode_properties(h: Header) -> dict[str, str]:
 _valid_streams: set[str] = set()  # stream names seen valid (a bounded cache)
 
 
+def _check_seq_and_width(seq: int, width_ns: int, seq_name: str, width_name: str) -> None:
+    if seq <= 0:
+        raise HeaderError(f"{seq_name} must be >= 1, got {seq}")
+    if width_ns <= 0:
+        raise HeaderError(f"{width_name} must be positive, got {width_ns}")
+
+
 def _is_int(text: str, base: int) -> bool:
     try:
         int(text, base)
@@ -341,10 +348,7 @@ def _decode_compact(value: str) -> Header:
             flags = HeaderFlags(flag_bits & 3)  # unknown flag bits are ignored (compatible)
         except ValueError as err:
             raise HeaderError(f"property eb.h: invalid flags {flag_bits}") from err
-    if seq <= 0:
-        raise HeaderError(f"property eb.h: seq must be >= 1, got {seq}")
-    if width_ns <= 0:
-        raise HeaderError(f"property eb.h: width_ns must be positive, got {width_ns}")
+    _check_seq_and_width(seq, width_ns, "property eb.h: seq", "property eb.h: width_ns")
     tail = parts[12]
     if not 0 <= enc_len <= len(tail):
         raise HeaderError(
@@ -409,10 +413,7 @@ def decode_properties(props: Mapping[str, str]) -> Header:
         flags = HeaderFlags(int(props[key]))
     except ValueError as err:
         raise HeaderError(f"property {key} is not a valid integer: {props[key]!r}") from err
-    if seq <= 0:
-        raise HeaderError(f"property eb.seq must be >= 1, got {seq}")
-    if width_ns <= 0:
-        raise HeaderError(f"property eb.width_ns must be positive, got {width_ns}")
+    _check_seq_and_width(seq, width_ns, "property eb.seq", "property eb.width_ns")
     return Header(
         props["eb.stream"],
         Modality.parse(props["eb.modality"]),
