@@ -264,17 +264,22 @@ def main() -> None:
         help="run the 4 no-op executors as separate `embodied-bus executor` processes (Zenoh)",
     )
     p.add_argument("--pulsar", default=None, help="broker URL for the raw Shared-subscription baseline")
+    p.add_argument("--pulsar-only", action="store_true", help="skip the Zenoh backend (needs --pulsar)")
     args = p.parse_args()
+    if args.pulsar_only and not args.pulsar:
+        p.error("--pulsar-only needs --pulsar URL")
     n = 1000 if args.quick else 5000
-    zenoh = asyncio.run(
-        actions_bench(n, service_process=not args.one_process, executor_processes=args.executor_processes)
-    )
-    zenoh["targets"] = {
-        "actions_per_s": 2000,
-        "submit_to_start_p50_ms": 2.0,
-        "redelivery_after_crash_ms": 1000,
-    }
-    out: dict[str, Any] = {"zenoh": zenoh}
+    out: dict[str, Any] = {}
+    if not args.pulsar_only:
+        zenoh = asyncio.run(
+            actions_bench(n, service_process=not args.one_process, executor_processes=args.executor_processes)
+        )
+        zenoh["targets"] = {
+            "actions_per_s": 2000,
+            "submit_to_start_p50_ms": 2.0,
+            "redelivery_after_crash_ms": 1000,
+        }
+        out["zenoh"] = zenoh
     if args.pulsar:
         ours = asyncio.run(actions_bench(n, args.pulsar))
         raw = raw_pulsar_shared(args.pulsar, n)

@@ -516,3 +516,25 @@ async def test_a_pulsar_state_log_whose_reader_broke_reopens_it_and_catches_up(r
     assert state.reopened == 1
     got = await rig.planner.get(first.id)  # the view still has what was read before
     assert got is not None and got.status is ActionStatus.SUCCEEDED
+
+
+async def test_pulsar_executors_of_one_bus_share_one_state_view_until_the_last_one_closes(rig: Rig) -> None:
+    if rig.engine != "pulsar":
+        pytest.skip("the state log belongs to the Pulsar backend")
+    first = await rig.executor("ex1", pick=lambda action, ctx: asyncio.sleep(0, result="one"))
+    second = await rig.executor("ex2", pick=lambda action, ctx: asyncio.sleep(0, result="two"))
+    assert first._pulsar.state is second._pulsar.state  # one reader per bus, not one per executor
+    assert rig.planner._pulsar.state is not first._pulsar.state  # the planner has its own bus
+    await rig.executors_up(2)
+    handles = await rig.planner.submit_many([Action("pick") for _ in range(10)])
+    for h in handles:
+        assert (await h.result(timeout_s=20)).status is ActionStatus.SUCCEEDED
+    shared = first._pulsar.state
+    await first._pulsar.close()  # one user gone: the view stays open for the other
+    assert shared._reader is not None and shared._users >= 1
+    await shared.sync()
+    late = await rig.planner.submit("pick")
+    assert (await late.result(timeout_s=20)).result in ("one", "two")
+    await shared.sync()
+    seen = shared.get(late.id)
+    assert seen is not None and seen.status is ActionStatus.SUCCEEDED

@@ -268,9 +268,21 @@ class Executor:
                 task.cancel()
 
     def _start(self, env: dict[str, Any]) -> None:
-        task = asyncio.create_task(self._run_one(action_from_dict(env, check_payload=False)))
+        self._track(asyncio.create_task(self._run_one(action_from_dict(env, check_payload=False))))
+
+    def _track(self, task: asyncio.Task[None]) -> None:
         self._running.add(task)
         task.add_done_callback(self._running.discard)
+
+    async def _begin_and_run(self, item: tuple[Any, Any], kinds: list[str]) -> None:
+        """Pulsar: record the attempt of a taken message, then run it."""
+        try:
+            action = await self._pulsar.begin(item, self.name, set(kinds), self.labels)
+        except BusConnectionError as err:
+            _log.warning("%s could not start an action (handed back): %s", self.name, err)
+            return
+        if action is not None:
+            await self._run_one(action)
 
     def _accept_pushed(self, payload: bytes) -> None:
         """Actions the queue service leased to this idle executor on submit (loop thread). A
@@ -343,6 +355,15 @@ class Executor:
                     await self._await_work(stop)
                     continue
                 self._wake.clear()
+                if self._pulsar is not None:
+                    # received messages start concurrently: recording one attempt (a state-log
+                    # write) does not hold up taking the next
+                    taken = self._pulsar.take(self.concurrency - len(running))
+                    if not taken:
+                        await self._await_work(stop)
+                    for item in taken:
+                        self._track(asyncio.create_task(self._begin_and_run(item, kinds)))
+                    continue
                 reply = await self._call(
                     {
                         "op": "lease",

@@ -52,6 +52,7 @@ import logging
 import threading
 import time
 import uuid
+import weakref
 from collections import OrderedDict, deque
 from collections.abc import Callable
 from dataclasses import dataclass, replace
@@ -146,9 +147,41 @@ def _to_thread_error(what: str, err: Exception) -> BusConnectionError:
 
 class StateLog:
     """A materialized view of the state topic (latest snapshot per action), read from its start
-    on a thread; :meth:`sync` waits until everything published before the call is applied."""
+    on a thread; :meth:`sync` waits until everything published before the call is applied.
+
+    The planners and executors of one engine (one process, usually) share one view:
+    :meth:`acquire` and :meth:`release` count its users.
+    """
+
+    _shared: weakref.WeakKeyDictionary[Any, dict[str, StateLog]] = weakref.WeakKeyDictionary()
+
+    @classmethod
+    def acquire(cls, engine: PulsarEngine, topics: ActionTopics) -> StateLog:
+        """The engine's view of ``topics.state`` (one more user; :meth:`release` when done)."""
+        logs = cls._shared.setdefault(engine, {})
+        log = logs.get(topics.state)
+        if log is None:
+            log = logs[topics.state] = cls(engine, topics)
+        log._users += 1
+        return log
+
+    async def release(self) -> None:
+        """One user less; the last one closes the reader and the producer."""
+        self._users -= 1
+        if self._users > 0:
+            return
+        logs = self._shared.get(self._engine, {})
+        if logs.get(self._topics.state) is self:
+            del logs[self._topics.state]
+        await self.close()
 
     def __init__(self, engine: PulsarEngine, topics: ActionTopics) -> None:
+        self._users = 0
+        self._open_lock = asyncio.Lock()
+        self._opened = False
+        self._sync_task: asyncio.Task[None] | None = None
+        self._sync_started = float("-inf")  # time.monotonic() when the running sync began
+        self._synced_at = float("-inf")  # ... and when the last successful one began
         self._engine = engine
         self._topics = topics
         self.actions: dict[str, Action] = {}
@@ -163,6 +196,13 @@ class StateLog:
         self.reopened = 0
 
     async def open(self) -> None:
+        """Open the producer and the reader (once for all users) and read the log up to now."""
+        async with self._open_lock:
+            if not self._opened:
+                await self._open()
+                self._opened = True
+
+    async def _open(self) -> None:
         client = self._engine.client
         try:
             self._producer = await asyncio.to_thread(
@@ -266,13 +306,32 @@ class StateLog:
                 if old.idempotency_key and self.idem.get(old.idempotency_key) == old_id:
                     del self.idem[old.idempotency_key]
 
-    async def sync(self, timeout_s: float = 10.0) -> None:
-        """Wait until every state record published before this call is applied (the reader has
-        read up to the topic's last message id, asked from the broker).
+    async def sync(self, timeout_s: float = 10.0, *, since_mono: float | None = None) -> None:
+        """Wait until every state record published before this call (or before ``since_mono``,
+        a ``time.monotonic()`` value) is applied: the reader has read up to the topic's last
+        message id, asked from the broker. Concurrent callers share one round of asking: a
+        round begun after the moment a caller needs is enough for it.
 
         Raises:
             BusConnectionError: The state log did not catch up within ``timeout_s``.
         """
+        need = time.monotonic() if since_mono is None else since_mono
+        if self._synced_at >= need:
+            return  # a round of asking the broker began since
+        task = self._sync_task
+        if task is None or task.done() or self._sync_started < need:
+            started = time.monotonic()
+            task = asyncio.ensure_future(self._sync_round(timeout_s))
+            self._sync_task, self._sync_started = task, started
+
+            def done(t: asyncio.Task[None], started: float = started) -> None:
+                if not t.cancelled() and t.exception() is None:
+                    self._synced_at = max(self._synced_at, started)
+
+            task.add_done_callback(done)
+        await asyncio.shield(task)
+
+    async def _sync_round(self, timeout_s: float) -> None:
         loop = asyncio.get_running_loop()
         deadline = loop.time() + timeout_s
         failing_since: float | None = None
@@ -318,11 +377,10 @@ class StateLog:
 
     async def publish(self, action: Action, event: str = "snapshot") -> None:
         """Append a snapshot of ``action`` (persisted when this returns)."""
-        await _send(
-            self._producer, encode_action(action), partition_key=action.id, properties={"eb-event": event}
-        )
+        await self.publish_event(action.id, event, encode_action(action))
 
     async def publish_event(self, action_id: str, event: str, data: bytes = b"") -> None:
+        """Append a record (persisted when this returns)."""
         await _send(self._producer, data, partition_key=action_id, properties={"eb-event": event})
 
     async def close(self) -> None:
@@ -409,12 +467,13 @@ class PulsarActionQueue:
         self.engine = engine
         self.policy = policy
         self.topics = ActionTopics.of(engine)
-        self.state = StateLog(engine, self.topics)
+        self.state = StateLog.acquire(engine, self.topics)
         self.name = uuid.uuid4().hex[:12]
         self._client = engine.client
         self._producers = _Producers(engine.client, block_if_queue_full=True)
         self._reply_producers = _Producers(engine.client, limit=REPLY_PRODUCERS, block_if_queue_full=False)
         self._started = False
+        self._closed = False
         self._kinds_ready: set[str] = set()
         self._kind_lock = asyncio.Lock()
         self._start_lock = asyncio.Lock()
@@ -479,6 +538,9 @@ class PulsarActionQueue:
             raise _to_thread_error("creating the queue subscriptions", err) from err
 
     async def close(self) -> None:
+        if self._closed:
+            return
+        self._closed = True
         self._stop.set()
         with self._taken:
             self._taken.notify_all()
@@ -490,7 +552,7 @@ class PulsarActionQueue:
                 await close_handle(h)
         await self._producers.close()
         await self._reply_producers.close()
-        await self.state.close()
+        await self.state.release()
 
     # ------------------------------------------------------------------ the JSON requests
     async def call(self, req: dict[str, Any]) -> dict[str, Any]:
@@ -789,7 +851,7 @@ class PulsarActionQueue:
                 continue
             with self._taken:
                 self._seq += 1
-                heapq.heappush(self._ready, (-priority, self._seq, (consumer, msg)))
+                heapq.heappush(self._ready, (-priority, self._seq, (consumer, msg, time.monotonic())))
                 self._waiting.add(priority)
             for cb in self._wake_callbacks:
                 cb()
@@ -798,27 +860,57 @@ class PulsarActionQueue:
         with self._ready_lock:
             self._held.pop(action_id, None)
 
+    def take(self, limit: int) -> list[tuple[Any, Any, float]]:
+        """Pop up to ``limit`` received messages, highest priority first (no waiting); each
+        must then go through :meth:`begin`."""
+        out: list[tuple[Any, Any, float]] = []
+        with self._taken:
+            while self._ready and len(out) < limit:
+                neg_priority, _, item = heapq.heappop(self._ready)
+                self._waiting.discard(-neg_priority)
+                out.append(item)
+            if out:
+                self._taken.notify_all()
+        return out
+
+    async def begin(
+        self, item: tuple[Any, Any, float], executor: str, kinds: set[str], labels: dict[str, str]
+    ) -> Action | None:
+        """Start an attempt on a message from :meth:`take` (persisted on the state log when this
+        returns), or settle it; None when there is nothing to run. If Pulsar fails meanwhile the
+        message is handed back (negative ack) for a later delivery.
+
+        Raises:
+            BusConnectionError: The attempt could not be recorded (the message was handed back).
+        """
+        consumer, msg, received_mono = item
+        try:
+            return await self._start(consumer, msg, executor, kinds, labels, received_mono)
+        except BaseException:  # incl. cancellation of a stopping executor
+            try:
+                consumer.negative_acknowledge(msg)
+            except pulsar.PulsarException as nack_err:  # the consumer is gone: Pulsar redelivers
+                _log.debug("hand-back after a failed start: %s", nack_err)
+            raise
+
     async def _op_lease(self, req: dict[str, Any]) -> dict[str, Any]:
         await self._open_consumers(list(req["kinds"]))
         executor = str(req["executor"])
         kinds = set(req["kinds"])
         labels = req.get("labels") or {}
-        want = int(req.get("max", 1))
-        out: list[dict[str, Any]] = []
-        while len(out) < want:
-            with self._taken:
-                if not self._ready:
-                    break
-                neg_priority, _, (consumer, msg) = heapq.heappop(self._ready)
-                self._waiting.discard(-neg_priority)
-                self._taken.notify_all()
-            started = await self._start(consumer, msg, executor, kinds, labels)
-            if started is not None:
-                out.append(json.loads(encode_action(started)))
+        taken = self.take(int(req.get("max", 1)))
+        started = await asyncio.gather(*(self.begin(item, executor, kinds, labels) for item in taken))
+        out = [json.loads(encode_action(a)) for a in started if a is not None]
         return {"action": out[0] if out else None, "actions": out}
 
     async def _start(
-        self, consumer: Any, msg: Any, executor: str, kinds: set[str], labels: dict[str, str]
+        self,
+        consumer: Any,
+        msg: Any,
+        executor: str,
+        kinds: set[str],
+        labels: dict[str, str],
+        received_mono: float,
     ) -> Action | None:
         """Turn a received message into a started attempt, or settle it (skip, expire, hand back)."""
         props = msg.properties()
@@ -835,8 +927,9 @@ class PulsarActionQueue:
         age_s = time.time() - msg.publish_timestamp() / 1000
         if msg.redelivery_count() > 0 or age_s > SYNC_AFTER_S:
             # An earlier delivery may have started it (Pulsar does not count a crashed
-            # consumer's deliveries): read the state log up to now before deciding.
-            await self.state.sync()
+            # consumer's deliveries): read the state log up to its receipt before deciding
+            # (one round of asking the broker serves every message received before it began).
+            await self.state.sync(since_mono=received_mono)
         view = self.state.get(env.id)
         now = time.time_ns()
         if view is not None and view.status.terminal and view.budget_from >= env.budget_from:

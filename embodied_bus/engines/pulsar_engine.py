@@ -11,6 +11,7 @@ and the same hash ranges on each topic receives every modality of its buckets.
 from __future__ import annotations
 
 import asyncio
+import fcntl
 import logging
 import os
 import re
@@ -63,19 +64,28 @@ def _native_logger() -> Any:
     """The client's own (C++) logger, on stderr where that can be opened as a stream.
 
     pulsar-client's ``ConsoleLogger`` writes to *stdout*, where it would mix with the JSON the CLI
-    prints; its ``FileLogger`` opens a path, and ``/dev/stderr`` is safe to open anew only for a
-    pipe or a terminal (a regular file would be written from offset 0, a socket cannot be
-    opened). Elsewhere the console logger stays. Not a Python logger: the client calls it,
-    taking the GIL, on every log-level check of its I/O threads (halves small-message rates),
-    and from those threads during interpreter exit (aborted processes now and then).
+    and the benchmarks print; its ``FileLogger`` opens a path (for appending), and
+    ``/dev/stderr`` can be opened anew for a pipe, a terminal or a regular file. A regular file
+    opened without ``O_APPEND`` (``2> file``) is switched to appending first, or Python's writes
+    at its own offset would overwrite the client's lines. Only a socket (which cannot be opened)
+    keeps the console logger. Not a Python logger: the client calls it, taking the GIL, on
+    every log-level check of its I/O threads (halves small-message rates), and from those
+    threads during interpreter exit (aborted processes now and then).
     """
     try:
         mode = os.fstat(2).st_mode
     except OSError:
         mode = 0
-    if (stat.S_ISFIFO(mode) or stat.S_ISCHR(mode)) and os.path.exists("/dev/stderr"):
-        return pulsar.FileLogger(_client_log_level, "/dev/stderr")
-    return pulsar.ConsoleLogger(_client_log_level)
+    if not os.path.exists("/dev/stderr"):
+        return pulsar.ConsoleLogger(_client_log_level)
+    if stat.S_ISREG(mode):
+        try:
+            fcntl.fcntl(2, fcntl.F_SETFL, fcntl.fcntl(2, fcntl.F_GETFL) | os.O_APPEND)
+        except OSError:
+            return pulsar.ConsoleLogger(_client_log_level)
+    elif not (stat.S_ISFIFO(mode) or stat.S_ISCHR(mode)):
+        return pulsar.ConsoleLogger(_client_log_level)
+    return pulsar.FileLogger(_client_log_level, "/dev/stderr")
 
 
 def stream_topic(settings: PulsarSettings, stream: str) -> str:
