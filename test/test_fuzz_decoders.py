@@ -36,8 +36,10 @@ from embodied_bus.model.wire import (
     Modality,
     decode_header,
     decode_properties,
+    encode_batch,
     encode_header,
     encode_properties,
+    split_batch,
 )
 from embodied_bus.ros.bridge_core import parse_submission, string_from_cdr
 from embodied_bus.ros.conversions import (
@@ -109,6 +111,17 @@ HEADER = Header(
     "lidar/top", Modality.LIDAR, 7, 1_700_000_000_000_000_000, 17_000_000_000, 100_000_000, 0,
     "cdr:sensor_msgs/msg/PointCloud2", "velodyne", 42, 1_700_000_000_000_000_100, HeaderFlags(0),
 )  # fmt: skip
+
+
+BATCH = encode_batch([(encode_header(HEADER), b"abc"), (encode_header(HEADER._replace(seq=8)), b"")])
+
+
+@FUZZ
+@given(mutated(BATCH[0]), st.one_of(st.just(BATCH[1]), st.binary(max_size=16)))
+def test_sample_batches_split_into_whole_samples_or_raise_header_error(att: bytes, payload: bytes) -> None:
+    entries = only((HeaderError,), lambda: split_batch(att, payload))
+    if entries is not None:
+        assert entries and b"".join(p for _, p in entries) == payload
 
 
 @FUZZ

@@ -21,6 +21,7 @@ from embodied_bus.model import (
     encode_properties,
     validate_stream_name,
 )
+from embodied_bus.model.wire import encode_batch, is_batch, split_batch
 
 BASE = Header(
     stream="lidar/front",
@@ -84,6 +85,36 @@ def test_any_valid_header_round_trips(
 def test_malformed_binary_headers_are_rejected_with_the_reason(mutate, message: str) -> None:  # type: ignore[no-untyped-def]
     with pytest.raises(HeaderError, match=message):
         decode_header(mutate(encode_header(BASE)))
+
+
+def test_a_batch_splits_back_into_its_samples_in_order() -> None:
+    entries = [(encode_header(BASE._replace(seq=i)), bytes([i]) * i) for i in range(1, 6)]
+    att, payload = encode_batch(entries)
+    assert is_batch(att) and not is_batch(encode_header(BASE))
+    assert split_batch(att, payload) == [(h, p) for h, p in entries]
+    assert [decode_header(h).seq for h, _ in split_batch(att, payload)] == [1, 2, 3, 4, 5]
+
+
+def test_a_batch_is_refused_by_a_version_1_header_decoder_by_name() -> None:
+    att, _ = encode_batch([(encode_header(BASE), b"x"), (encode_header(BASE._replace(seq=2)), b"y")])
+    with pytest.raises(HeaderError, match="unsupported header version 177"):
+        decode_header(att)
+
+
+@pytest.mark.parametrize(
+    ("cut", "message"),
+    [
+        (lambda att, p: (att[:5], p), "batch head too short"),
+        (lambda att, p: (att[:-1], p), "batch lengths do not add up"),
+        (lambda att, p: (att, p + b"extra"), "payloads 2 vs 7 bytes"),
+        (lambda att, p: (att[:4] + b"\0\0\0\0" + att[8:], p), "batch of 0 samples"),
+        (lambda att, p: (att[:12], p), "does not fit"),
+    ],
+)
+def test_a_malformed_batch_is_refused_with_the_reason(cut, message: str) -> None:  # type: ignore[no-untyped-def]
+    att, payload = encode_batch([(encode_header(BASE), b"x"), (encode_header(BASE._replace(seq=2)), b"y")])
+    with pytest.raises(HeaderError, match=message):
+        split_batch(*cut(att, payload))
 
 
 def test_a_header_with_sequence_zero_is_rejected() -> None:

@@ -180,6 +180,53 @@ async def test_block_policy_is_lossless_with_a_slow_consumer(bus_pair: BusPair) 
     assert c["dropped"] == 0 and c["gaps"] == 0
 
 
+async def test_a_zenoh_burst_of_small_samples_goes_out_batched_and_arrives_whole_in_order(
+    bus_pair: BusPair,
+) -> None:
+    if bus_pair.engine != "zenoh":
+        pytest.skip("batching belongs to the Zenoh BLOCK sender")
+    n = 1500
+    sub = await bus_pair.subscriber_bus.subscribe(
+        "imu", options=SubscriptionOptions(capacity=n, backpressure=Backpressure.BLOCK)
+    )
+    pub = await bus_pair.publisher_bus.publisher("imu", options=BLOCK)
+    await _ready(pub, bus_pair)
+    # small samples with a large one now and then (sent on its own, between batches)
+    payloads = [bytes([i % 251]) * (40_000 if i % 100 == 99 else 1 + i % 300) for i in range(n)]
+    for i, p in enumerate(payloads):  # no await: they queue up behind the sender thread
+        pub.publish_nowait(p, stamp_ns=1_000 + i, frame_id=f"imu{i % 3}")
+    await pub.flush()
+    got = [await sub.recv(timeout_s=20) for _ in range(n)]
+    assert [s.seq for s in got] == list(range(1, n + 1))
+    assert [s.payload for s in got] == payloads
+    assert [s.header.frame_id for s in got[:3]] == ["imu0", "imu1", "imu2"]
+    assert [s.stamp_ns for s in got[-2:]] == [1_000 + n - 2, 1_000 + n - 1]
+    assert sub.counters()["gaps"] == 0 and sub.malformed == 0
+    assert pub._pub.batches > 0, "no batch was sent"  # type: ignore[attr-defined]
+
+
+async def test_a_malformed_zenoh_batch_is_counted_and_its_good_samples_still_delivered(
+    bus_pair: BusPair,
+) -> None:
+    if bus_pair.engine != "zenoh":
+        pytest.skip("batches are a Zenoh attachment layout")
+    from embodied_bus.model.wire import encode_batch, encode_header
+
+    sub = await bus_pair.subscriber_bus.subscribe("scan", options=SubscriptionOptions(capacity=10))
+    pub = await bus_pair.publisher_bus.publisher("scan", options=BLOCK)
+    await _ready(pub, bus_pair)
+    session = bus_pair.publisher_bus.engine.session  # type: ignore[attr-defined]
+    key = f"eb/{bus_pair.namespace}/s/scan"
+    good = Header("scan", Modality.LIDAR, 1, 10, 0, 100, 0, "raw", "laser", 99, time.time_ns())
+    att, payload = encode_batch([(encode_header(good), b"first"), (b"EB\x01broken", b"lost")])
+    session.put(key, payload + b"?", attachment=att)  # lengths do not add up: all refused
+    session.put(key, payload, attachment=att)  # one bad header: the good sample still comes
+    first = await sub.recv(timeout_s=20)
+    assert first.payload == b"first" and first.header.publisher_id == 99
+    await wait_until(lambda: sub.malformed == 2, 10, "the bad batch and the bad header counted")
+    assert "sample in a batch" in str(sub.last_error)
+
+
 async def test_malformed_messages_are_counted_and_good_ones_still_delivered(bus_pair: BusPair) -> None:
     sub = await bus_pair.subscriber_bus.subscribe("scan", options=SubscriptionOptions(capacity=10))
     pub = await bus_pair.publisher_bus.publisher("scan", options=BLOCK)

@@ -36,11 +36,15 @@ from embodied_bus.errors import (
 )
 from embodied_bus.model.qos import Backpressure, PublisherOptions, SubscriptionOptions
 from embodied_bus.model.wire import (
+    MAX_BATCH_SAMPLES,
     Header,
     HeaderFlags,
     decode_header,
+    encode_batch,
     encode_header,
     encode_strings,
+    is_batch,
+    split_batch,
 )
 
 __all__ = ["ZenohEngine", "build_zenoh_config", "stream_key"]
@@ -55,6 +59,11 @@ LAZY_COPY_BYTES = 64 * 1024
 _SHM_FLAG = int(HeaderFlags.SHM)
 #: Samples a BLOCK publisher may queue before ``publish`` awaits room.
 SENDER_HIGH_WATER = 1024
+#: Samples (header and payload) up to this size that queue up behind a BLOCK publisher's
+#: sender thread go out batched (wire format: a batch attachment); bytes.
+BATCH_ITEM_MAX_BYTES = 16 * 1024
+#: Most bytes in one batch.
+BATCH_MAX_BYTES = 64 * 1024
 #: Longest wait for the session to close, seconds (then it is left behind on a daemon thread).
 CLOSE_TIMEOUT_S = 10.0
 
@@ -118,13 +127,18 @@ class _SenderThread:
     A BLOCK put waits while the transport queue is full. On the loop thread that could stall
     the very consumer that would free it (publisher and subscriber in one process), so BLOCK
     publishers hand samples to this named thread; the asyncio side awaits room when more than
-    ``high_water`` samples are queued.
+    ``high_water`` samples are queued. Whatever queued up while the thread was putting goes
+    out in one call of ``put_all`` (which may batch small samples: no waiting is added).
     """
 
     def __init__(
-        self, name: str, put: Callable[[Any, bytes], None], high_water: int, loop: asyncio.AbstractEventLoop
+        self,
+        name: str,
+        put_all: Callable[[deque[tuple[Any, bytes]]], BaseException | None],
+        high_water: int,
+        loop: asyncio.AbstractEventLoop,
     ) -> None:
-        self._put = put
+        self._put_all = put_all
         self._loop = loop
         self.high_water = high_water
         self._items: deque[tuple[Any, bytes]] = deque()
@@ -159,12 +173,10 @@ class _SenderThread:
                 batch = self._items
                 self._items = deque()
                 self._busy = len(batch)
-            for payload, att in batch:
-                try:
-                    self._put(payload, att)
-                except BaseException as err:  # reported on the next publish or flush
-                    self.error = err
-                self._busy -= 1
+            err = self._put_all(batch)
+            if err is not None:  # reported on the next publish or flush
+                self.error = err
+            self._busy = 0
             with self._cond:
                 self._wake_all()
 
@@ -200,19 +212,60 @@ class _ZenohPublisher(EnginePublisher):
         self._put = self._pub.put
         self._sender = (
             _SenderThread(
-                key.rsplit("/", 1)[-1], self._put_att, SENDER_HIGH_WATER, asyncio.get_running_loop()
+                key.rsplit("/", 1)[-1], self._put_all, SENDER_HIGH_WATER, asyncio.get_running_loop()
             )
             if block
             else None
         )
+        #: Batches sent (several samples in one Zenoh put, see :meth:`_put_all`).
+        self.batches = 0
         self._shm_threshold = options.shm_threshold_bytes if options.shm else None
         self._shm: Any = None
         self._closed = False
         self._tail_key: tuple[str, str, str] = ("", "", "")
         self._tail = encode_strings("", "", "")
 
-    def _put_att(self, payload: Any, attachment: bytes) -> None:
-        self._put(payload, attachment=attachment)
+    def _put_all(self, items: deque[tuple[Any, bytes]]) -> BaseException | None:
+        """Put queued samples in order (sender thread); runs of small ones go as batches of up
+        to :data:`BATCH_MAX_BYTES` (one Zenoh put, one receive callback). Returns the last
+        error, if any put failed."""
+        put = self._put
+        error: BaseException | None = None
+        run: list[tuple[bytes, bytes | bytearray]] = []
+        run_bytes = 0
+
+        def put_run() -> None:
+            nonlocal error
+            try:
+                if len(run) == 1:
+                    put(run[0][1], attachment=run[0][0])
+                else:
+                    att, body = encode_batch(run)
+                    put(body, attachment=att)
+                    self.batches += 1
+            except BaseException as err:
+                error = err
+            run.clear()
+
+        for body, att in items:
+            size = len(att) + len(body) if isinstance(body, (bytes, bytearray)) else BATCH_MAX_BYTES
+            if size <= BATCH_ITEM_MAX_BYTES:
+                if run and (run_bytes + size > BATCH_MAX_BYTES or len(run) >= MAX_BATCH_SAMPLES):
+                    put_run()
+                if not run:
+                    run_bytes = 0
+                run.append((att, body))
+                run_bytes += size
+                continue
+            if run:
+                put_run()
+            try:
+                put(body, attachment=att)
+            except BaseException as err:
+                error = err
+        if run:
+            put_run()
+        return error
 
     def _shm_buffer(self, payload: bytes | bytearray) -> Any:
         if self._shm is None:
@@ -307,8 +360,23 @@ class _ZenohSubscriber(EngineSubscriber):
             if att is None:
                 reject(HeaderError(f"sample on {sample.key_expr} has no header attachment"), None)
                 return
+            raw_att = att.to_bytes()
+            if is_batch(raw_att):
+                try:
+                    entries = split_batch(raw_att, sample.payload.to_bytes())
+                except HeaderError as err:
+                    reject(HeaderError(f"batch on {sample.key_expr}: {err}"), None)
+                    return
+                for raw_header, body in entries:
+                    try:
+                        header = decode_header(raw_header)
+                    except HeaderError as err:
+                        reject(HeaderError(f"sample in a batch on {sample.key_expr}: {err}"), None)
+                        continue
+                    deliver(header, body, None)
+                return
             try:
-                header = decode_header(att.to_bytes())
+                header = decode_header(raw_att)
             except HeaderError as err:
                 reject(HeaderError(f"sample on {sample.key_expr}: {err}"), None)
                 return

@@ -19,6 +19,7 @@ from typing import NamedTuple
 from embodied_bus.errors import HeaderError
 
 __all__ = [
+    "BATCH_LAYOUT",
     "HEADER_STRUCT",
     "MAX_NAME_BYTES",
     "PROPERTY_LAYOUT",
@@ -29,9 +30,12 @@ __all__ = [
     "Modality",
     "decode_header",
     "decode_properties",
+    "encode_batch",
     "encode_header",
     "encode_properties",
     "encode_strings",
+    "is_batch",
+    "split_batch",
     "validate_stream_name",
 ]
 
@@ -255,6 +259,69 @@ def decode_header(data: bytes) -> Header:
         publish_ns,
         fl,
     )
+
+
+#: Third byte of a Zenoh *batch* attachment (where a header has its version): several samples
+#: of one publisher in one Zenoh put. A receiver that reads only version 1 rejects it by name.
+BATCH_LAYOUT = 0xB1
+#: magic, layout, reserved, number of samples; then per sample (header bytes, payload bytes)
+_BATCH_HEAD = struct.Struct("<2sBxI")
+#: Most samples in one batch.
+MAX_BATCH_SAMPLES = 4096
+
+
+def is_batch(attachment: bytes) -> bool:
+    """Whether a Zenoh attachment is a batch (:func:`encode_batch`) rather than one header."""
+    return len(attachment) > 2 and attachment[2] == BATCH_LAYOUT and attachment[:2] == WIRE_MAGIC
+
+
+def encode_batch(entries: list[tuple[bytes, bytes | bytearray]]) -> tuple[bytes, bytes]:
+    """Several (encoded header, payload) pairs as one attachment and one payload.
+
+    The attachment holds the batch head, a table of (header length, payload length) per sample
+    (little-endian ``u32`` each) and the headers one after another; the payload is the
+    payloads one after another.
+
+    Returns:
+        ``(attachment, payload)``.
+    """
+    table = [len(x) for h, p in entries for x in (h, p)]
+    head = _BATCH_HEAD.pack(WIRE_MAGIC, BATCH_LAYOUT, len(entries)) + struct.pack(f"<{len(table)}I", *table)
+    return head + b"".join(h for h, _ in entries), b"".join(p for _, p in entries)
+
+
+def split_batch(attachment: bytes, payload: bytes) -> list[tuple[bytes, bytes]]:
+    """The (encoded header, payload) pairs of a batch.
+
+    Raises:
+        HeaderError: The batch is malformed (the message says how); none of it is usable.
+    """
+    n_head = _BATCH_HEAD.size
+    if len(attachment) < n_head:
+        raise HeaderError(f"batch head too short: {len(attachment)} bytes, need {n_head}")
+    _, _, count = _BATCH_HEAD.unpack_from(attachment)
+    if not 0 < count <= MAX_BATCH_SAMPLES:
+        raise HeaderError(f"batch of {count} samples (1 to {MAX_BATCH_SAMPLES} allowed)")
+    table = (
+        struct.unpack_from(f"<{2 * count}I", attachment, n_head)
+        if len(attachment) >= n_head + 8 * count
+        else ()
+    )
+    if not table:
+        raise HeaderError(f"batch table of {count} samples does not fit in {len(attachment)} bytes")
+    h_at, p_at = n_head + 8 * count, 0
+    if h_at + sum(table[0::2]) != len(attachment) or sum(table[1::2]) != len(payload):
+        raise HeaderError(
+            f"batch lengths do not add up: headers {sum(table[0::2])} + {h_at} vs {len(attachment)} "
+            f"bytes, payloads {sum(table[1::2])} vs {len(payload)} bytes"
+        )
+    out = []
+    for i in range(count):
+        hl, pl = table[2 * i], table[2 * i + 1]
+        out.append((attachment[h_at : h_at + hl], payload[p_at : p_at + pl]))
+        h_at += hl
+        p_at += pl
+    return out
 
 
 _PROP_KEYS = (
