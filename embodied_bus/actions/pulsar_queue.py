@@ -375,9 +375,10 @@ class StateLog:
         with self._lock:
             return [_copy(a) for a in self.actions.values() if a.kind != "unknown"]
 
-    async def publish(self, action: Action, event: str = "snapshot") -> None:
-        """Append a snapshot of ``action`` (persisted when this returns)."""
-        await self.publish_event(action.id, event, encode_action(action))
+    async def publish(self, action: Action, event: str = "snapshot", *, encoded: bytes | None = None) -> None:
+        """Append a snapshot of ``action`` (persisted when this returns); ``encoded`` is
+        ``encode_action(action)`` if the caller has it already."""
+        await self.publish_event(action.id, event, encode_action(action) if encoded is None else encoded)
 
     async def publish_event(self, action_id: str, event: str, data: bytes = b"") -> None:
         """Append a record (persisted when this returns)."""
@@ -594,15 +595,19 @@ class PulsarActionQueue:
             fresh.append(a)
             out.append({"id": a.id, "duplicate": False, "status": a.status.value})
         # the state log and the priority topics, pipelined; both persisted before this returns
+        encoded = [encode_action(a) for a in fresh]
         await asyncio.gather(
-            *(self.state.publish(a) for a in fresh), *(self._enqueue(a, reply_to) for a in fresh)
+            *(self.state.publish(a, encoded=e) for a, e in zip(fresh, encoded, strict=True)),
+            *(self._enqueue(a, reply_to, encoded=e) for a, e in zip(fresh, encoded, strict=True)),
         )
         for a in fresh:
             if a.idempotency_key:
                 self.state.idem.setdefault(a.idempotency_key, a.id)
         return {"actions": out}
 
-    async def _enqueue(self, a: Action, reply_to: str, deliver_after_s: float = 0.0) -> None:
+    async def _enqueue(
+        self, a: Action, reply_to: str, deliver_after_s: float = 0.0, *, encoded: bytes | None = None
+    ) -> None:
         await self._ensure_kind(a.kind)
         producer = await self._producers.get(self.topics.queue(a.priority, a.kind))
         props = {"eb-attempts": str(a.attempt_count), "eb-reply-to": reply_to, "eb-kind": a.kind}
@@ -612,7 +617,7 @@ class PulsarActionQueue:
             # delivers shorter delays at once; the executor waits out the rest (eb-not-before-ns)
             kwargs["deliver_after"] = timedelta(seconds=deliver_after_s)
             props["eb-not-before-ns"] = str(time.time_ns() + int(deliver_after_s * 1e9))
-        await _send(producer, encode_action(a), **kwargs)
+        await _send(producer, encode_action(a) if encoded is None else encoded, **kwargs)
 
     async def _op_get(self, req: dict[str, Any]) -> dict[str, Any]:
         await self.state.sync()
@@ -990,13 +995,12 @@ class PulsarActionQueue:
 
     async def _settle(self, a: Action, msg: Any, consumer: Any, reply_to: str) -> None:
         """A terminal state: dead-letter topic (if dead), state log, reply, then ack."""
+        data = encode_action(a)
         if a.status is ActionStatus.DEAD:
             dlq = await self._producers.get(self.topics.dlq)
-            await _send(
-                dlq, encode_action(a), partition_key=a.id, properties={"eb-attempts": str(a.attempt_count)}
-            )
-        await self.state.publish(a)
-        await self._reply(reply_to, a.id, "result", encode_action(a))
+            await _send(dlq, data, partition_key=a.id, properties={"eb-attempts": str(a.attempt_count)})
+        await self.state.publish(a, encoded=data)
+        await self._reply(reply_to, a.id, "result", data)
         consumer.acknowledge(msg)
 
     def _holding(self, req: dict[str, Any]) -> tuple[Any, Action, str, Any]:
