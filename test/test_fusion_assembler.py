@@ -418,3 +418,16 @@ def test_skipping_buckets_held_back_by_another_stream_changes_no_event(seed: int
     samples = generate(Scenario(duration_s=3, loss=loss, seed=seed, camera_blackout=(1.0, 0.5)))
     fast = events(Assembler(SPEC))
     assert fast and fast == events(Exhaustive(SPEC))
+
+
+def test_the_fast_member_constructor_builds_an_equal_frozen_member() -> None:
+    import dataclasses
+
+    from embodied_bus.fusion.frame import Member, new_member
+
+    h = Header("imu", Modality.IMU, 3, 5, 0, 100, 0, "raw", "imu_link", 1, 6)
+    s = Sample(h, b"x", 7)
+    fast = new_member(s, 5, -2, True)
+    assert fast == Member(s, 5, -2, True) and fast.stamp_fallback is True
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        fast.skew_ns = 0  # type: ignore[misc]

@@ -15,7 +15,7 @@ import bisect
 from collections import deque
 from dataclasses import dataclass, field
 
-from embodied_bus.fusion.frame import Member, MultiModalFrame
+from embodied_bus.fusion.frame import Member, MultiModalFrame, new_member
 from embodied_bus.fusion.spec import FusionSpec, Incomplete, Pick, Role, StreamSpec
 from embodied_bus.model.sample import Sample
 from embodied_bus.model.wire import HeaderFlags
@@ -495,11 +495,13 @@ class Assembler:
             if not es:
                 continue
             self.stats.presence[name] += 1
-            ms = tuple(Member(e.sample, e.stamp_ns, e.stamp_ns - r, e.fallback) for e in es)
+            ms = tuple([new_member(e.sample, e.stamp_ns, e.stamp_ns - r, e.fallback) for e in es])
             members[name] = ms
             if self._streams[name].spec.pick in (Pick.NEAREST, Pick.LATEST):
                 max_skew = max(max_skew, abs(ms[0].skew_ns))
-            last_arrival = max(last_arrival, *(m.sample.receive_ns for m in ms))
+            for e in es:
+                if e.sample.receive_ns > last_arrival:
+                    last_arrival = e.sample.receive_ns
         self.stats.frames += 1
         if complete:
             self.stats.complete += 1

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Any
 
 from embodied_bus.model.sample import Sample
 
@@ -24,6 +25,25 @@ class Member:
     stamp_ns: int
     skew_ns: int
     stamp_fallback: bool = False
+
+
+_new = object.__new__
+_slots: dict[str, Any] = dict(vars(Member))  # the slot descriptors
+_set_sample, _set_stamp, _set_skew, _set_fallback = (
+    _slots[name].__set__ for name in ("sample", "stamp_ns", "skew_ns", "stamp_fallback")
+)
+
+
+def new_member(sample: Sample, stamp_ns: int, skew_ns: int, stamp_fallback: bool) -> Member:
+    """``Member(sample, stamp_ns, skew_ns, stamp_fallback)``, about 3x faster: a frozen
+    dataclass sets each field through ``object.__setattr__``; this sets the slots directly
+    (the assembler builds one per sample it puts in a frame)."""
+    m: Member = _new(Member)
+    _set_sample(m, sample)
+    _set_stamp(m, stamp_ns)
+    _set_skew(m, skew_ns)
+    _set_fallback(m, stamp_fallback)
+    return m
 
 
 @dataclass(frozen=True, slots=True)
