@@ -235,7 +235,7 @@ class _ZenohPublisher(EnginePublisher):
         run_bytes = 0
 
         def put_run() -> None:
-            nonlocal error
+            nonlocal error, run_bytes
             try:
                 if len(run) == 1:
                     put(run[0][1], attachment=run[0][0])
@@ -246,23 +246,20 @@ class _ZenohPublisher(EnginePublisher):
             except BaseException as err:
                 error = err
             run.clear()
+            run_bytes = 0
 
         for body, att in items:
             size = len(att) + len(body) if isinstance(body, (bytes, bytearray)) else BATCH_MAX_BYTES
-            if size <= BATCH_ITEM_MAX_BYTES:
-                if run and (run_bytes + size > BATCH_MAX_BYTES or len(run) >= MAX_BATCH_SAMPLES):
-                    put_run()
-                if not run:
-                    run_bytes = 0
-                run.append((att, body))
-                run_bytes += size
-                continue
-            if run:
+            if run and (
+                size > BATCH_ITEM_MAX_BYTES
+                or run_bytes + size > BATCH_MAX_BYTES
+                or len(run) >= MAX_BATCH_SAMPLES
+            ):
                 put_run()
-            try:
-                put(body, attachment=att)
-            except BaseException as err:
-                error = err
+            run.append((att, body))
+            run_bytes += size
+            if size > BATCH_ITEM_MAX_BYTES:  # a large sample (or shared memory) goes alone
+                put_run()
         if run:
             put_run()
         return error
@@ -355,6 +352,14 @@ class _ZenohSubscriber(EngineSubscriber):
         deliver = sink.deliver
         reject = sink.reject
 
+        def decoded(raw: bytes, sample: zenoh.Sample, what: str) -> Header | None:
+            """The header, or None after counting the sample as malformed."""
+            try:
+                return decode_header(raw)
+            except HeaderError as err:
+                reject(HeaderError(f"{what} on {sample.key_expr}: {err}"), None)
+                return None
+
         def on_sample(sample: zenoh.Sample) -> None:
             att = sample.attachment
             if att is None:
@@ -368,17 +373,12 @@ class _ZenohSubscriber(EngineSubscriber):
                     reject(HeaderError(f"batch on {sample.key_expr}: {err}"), None)
                     return
                 for raw_header, body in entries:
-                    try:
-                        header = decode_header(raw_header)
-                    except HeaderError as err:
-                        reject(HeaderError(f"sample in a batch on {sample.key_expr}: {err}"), None)
-                        continue
-                    deliver(header, body, None)
+                    header = decoded(raw_header, sample, "sample in a batch")
+                    if header is not None:
+                        deliver(header, body, None)
                 return
-            try:
-                header = decode_header(raw_att)
-            except HeaderError as err:
-                reject(HeaderError(f"sample on {sample.key_expr}: {err}"), None)
+            header = decoded(raw_att, sample, "sample")
+            if header is None:
                 return
             payload = sample.payload
             if len(payload) < LAZY_COPY_BYTES or header.flags & _SHM_FLAG:

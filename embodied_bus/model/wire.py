@@ -302,14 +302,10 @@ def split_batch(attachment: bytes, payload: bytes) -> list[tuple[bytes, bytes]]:
     _, _, count = _BATCH_HEAD.unpack_from(attachment)
     if not 0 < count <= MAX_BATCH_SAMPLES:
         raise HeaderError(f"batch of {count} samples (1 to {MAX_BATCH_SAMPLES} allowed)")
-    table = (
-        struct.unpack_from(f"<{2 * count}I", attachment, n_head)
-        if len(attachment) >= n_head + 8 * count
-        else ()
-    )
-    if not table:
-        raise HeaderError(f"batch table of {count} samples does not fit in {len(attachment)} bytes")
     h_at, p_at = n_head + 8 * count, 0
+    if len(attachment) < h_at:
+        raise HeaderError(f"batch table of {count} samples does not fit in {len(attachment)} bytes")
+    table = struct.unpack_from(f"<{2 * count}I", attachment, n_head)
     if h_at + sum(table[0::2]) != len(attachment) or sum(table[1::2]) != len(payload):
         raise HeaderError(
             f"batch lengths do not add up: headers {sum(table[0::2])} + {h_at} vs {len(attachment)} "
