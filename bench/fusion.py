@@ -4,7 +4,10 @@
 plus samples/s through one fusion worker over embedded Zenoh. Prints one JSON document.
 
 Latencies are in the scenario's simulated clock: a frame is "emitted" at the arrival time of the
-sample whose push produced it.
+sample whose push produced it. Added latency is reported over all complete frames and split by
+whether every sample the frame could have used arrived (a frame that lost one can only be
+decided when later data shows the loss). Assembler CPU time is process CPU time, the fastest of
+three identical runs.
 
 Usage: python bench/fusion.py [--quick]
 """
@@ -26,6 +29,7 @@ sys.path.insert(0, str(ROOT))
 
 from embodied_bus.fusion import Assembler, LateSample, MultiModalFrame, load_spec  # noqa: E402
 from embodied_bus.sim.scenario import Scenario, generate  # noqa: E402
+from embodied_bus.sim.scenario import lost_input as scenario_lost_input  # noqa: E402
 
 MS = 1_000_000
 VARIANTS = {
@@ -41,22 +45,41 @@ def pct(values: list[float], q: float) -> float | None:
     return round(float(np.percentile(values, q)), 3) if values else None
 
 
+#: Repetitions of each variant's assembler run; the CPU time of the fastest is reported (the
+#: output is deterministic, so every repetition does the same work).
+CPU_REPEATS = 3
+
+
 def run_variant(duration_s: float, **kw: Any) -> dict[str, Any]:
     spec = load_spec(ROOT / "config" / "fusion.yaml")
-    samples = generate(Scenario(duration_s=duration_s, **kw))
-    asm = Assembler(spec)
+    lost: list[tuple[str, int]] = []
+    samples = generate(Scenario(duration_s=duration_s, **kw), lost=lost)
+    cpu_s = float("inf")
     frames: list[tuple[MultiModalFrame, int]] = []
     late = 0
-    t0 = time.perf_counter()
-    for s in samples:
-        for ev in asm.push(s):
-            if isinstance(ev, MultiModalFrame) and ev.pane == 0:
-                frames.append((ev, s.receive_ns))
-            elif isinstance(ev, LateSample):
-                late += 1
-    cpu_s = time.perf_counter() - t0
-    end_ns = samples[-1].receive_ns
-    frames += [(f, end_ns) for f in asm.flush() if isinstance(f, MultiModalFrame)]
+    for rep in range(CPU_REPEATS):
+        asm = Assembler(spec)
+        got: list[tuple[MultiModalFrame, int]] = []
+        n_late = 0
+        t0 = time.process_time()
+        for s in samples:
+            for ev in asm.push(s):
+                if isinstance(ev, MultiModalFrame) and ev.pane == 0:
+                    got.append((ev, s.receive_ns))
+                elif isinstance(ev, LateSample):
+                    n_late += 1
+        cpu_s = min(cpu_s, time.process_time() - t0)
+        end_ns = samples[-1].receive_ns
+        got += [(f, end_ns) for f in asm.flush() if isinstance(f, MultiModalFrame)]
+        if rep == 0:
+            frames, late = got, n_late
+        elif [f.bucket for f, _ in got] != [f.bucket for f, _ in frames]:
+            raise AssertionError("the assembler gave different frames for the same input")
+    camera = next(st for st in spec.streams if st.name == "camera/front")
+    skew_bound_ms = spec.skew_ns(camera) / MS
+    # A frame "lost input" when a sample that its picks could have used was lost in transport.
+    lost_input = scenario_lost_input(spec, lost)
+
     sweeps = sum(1 for s in samples if s.stream == "lidar/top")
     imu_total = sum(1 for s in samples if s.stream == "imu")
     with_lidar = [(f, t) for f, t in frames if f.member("lidar/top")]
@@ -67,6 +90,8 @@ def run_variant(duration_s: float, **kw: Any) -> dict[str, Any]:
         if f.member("camera/front")
     ]
     added = [(t - f.last_arrival_ns) / MS for f, t in complete]
+    added_whole = [(t - f.last_arrival_ns) / MS for f, t in complete if not lost_input(f)]
+    added_lost = [(t - f.last_arrival_ns) / MS for f, t in complete if lost_input(f)]
     e2e = [(t - f.reference_stamp_ns) / MS for f, t in with_lidar]
     imu_used = sum(len(f.members.get("imu", ())) for f, _ in frames)
     return {
@@ -77,8 +102,14 @@ def run_variant(duration_s: float, **kw: Any) -> dict[str, Any]:
         "lidar_camera_skew_p50_ms": pct(skew, 50),
         "lidar_camera_skew_p99_ms": pct(skew, 99),
         "max_skew_ms": round(max(skew), 3) if skew else None,
+        "skew_bound_ms": skew_bound_ms,
+        "skew_within_bound": not skew or max(skew) <= skew_bound_ms,
         "added_latency_p50_ms": pct(added, 50),
         "added_latency_p99_ms": pct(added, 99),
+        "complete_frames_with_all_input": len(added_whole),
+        "added_latency_p99_ms_all_input_arrived": pct(added_whole, 99),
+        "complete_frames_that_lost_input": len(added_lost),
+        "added_latency_p99_ms_lost_input": pct(added_lost, 99),
         "end_to_end_p50_ms": pct(e2e, 50),
         "end_to_end_p99_ms": pct(e2e, 99),
         "late": late,
@@ -136,7 +167,7 @@ def main() -> int:
         "lidar_coverage_pct": ">= 99.9",
         "complete_pct_at_5pct_loss": ">= 99",
         "added_latency_p99_ms_when_complete": "<= 5",
-        "skew_bound_ms": 25,
+        "skew_never_above_configured_bound": True,
         "assembler_samples_per_s": ">= 100000",
     }
     doc["message_filters_baseline"] = {

@@ -21,6 +21,7 @@ from embodied_bus.fusion import (
 )
 from embodied_bus.model import Header, Modality, Sample
 from embodied_bus.sim.scenario import T0_NS, Scenario, generate
+from embodied_bus.sim.scenario import lost_input as scenario_lost_input
 
 ROOT = Path(__file__).resolve().parents[1]
 MS = 1_000_000
@@ -323,6 +324,27 @@ def test_at_5_percent_loss_99_percent_of_frames_are_complete_and_none_waits_for_
     assert not [f for f in with_lidar if f.forced]  # a lost GPS fix is given up after max_delay
     assert all(f.max_skew_ns <= CAMERA_BOUND_NS for f in frames)
     assert asm.stats.forced <= sum(1 for f in frames if not f.member("lidar/top")) + 1  # lost sweeps, end
+
+
+def test_at_5_percent_loss_a_frame_whose_every_input_arrived_goes_out_with_its_last_member() -> None:
+    lost: list[tuple[str, int]] = []
+    samples = generate(Scenario(duration_s=30, loss=0.05, seed=3), lost=lost)
+    by_stream = Counter(s.stream for s in samples)
+    for stream, n_lost in Counter(name for name, _ in lost).items():  # `lost` is what seq gaps say
+        assert max(s.seq for s in samples if s.stream == stream) == by_stream[stream] + n_lost
+    asm = Assembler(SPEC)
+    emitted: list[tuple[MultiModalFrame, int]] = []
+    for s in samples:
+        frames = [ev for ev in asm.push(s) if isinstance(ev, MultiModalFrame) and ev.pane == 0]
+        emitted += [(f, s.receive_ns) for f in frames]
+    lost_input = scenario_lost_input(SPEC, lost)
+    whole = [(f, t) for f, t in emitted if f.complete and not lost_input(f)]
+    assert len(whole) >= 10
+    assert [t - f.last_arrival_ns for f, t in whole] == [0] * len(whole)
+    # a swept frame that lost a sample waits for the data that shows the loss, never for the
+    # lateness bound (only a lost sweep leaves its bucket to that)
+    waits_ns = [t - f.last_arrival_ns for f, t in emitted if lost_input(f) and f.member("lidar/top")]
+    assert max(waits_ns) < SPEC.lateness_ns
 
 
 def test_a_lost_fix_holds_frames_until_the_lateness_bound_unless_the_stream_has_a_max_delay() -> None:

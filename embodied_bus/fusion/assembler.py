@@ -95,10 +95,21 @@ class _Entry:
 
 
 class _Stream:
-    __slots__ = ("entries", "last_stamp", "lookahead_ns", "seen", "seen_order", "spec", "stamps", "watermark")
+    __slots__ = (
+        "clock_offset_ns",
+        "entries",
+        "last_stamp",
+        "lookahead_ns",
+        "seen",
+        "seen_order",
+        "spec",
+        "stamps",
+        "watermark",
+    )
 
     def __init__(self, spec: StreamSpec) -> None:
         self.spec = spec
+        self.clock_offset_ns = spec.clock_offset_ns
         self.entries: list[_Entry] = []
         self.stamps: list[int] = []
         self.last_stamp: int | None = None
@@ -163,25 +174,26 @@ class Assembler:
         self._jump_ns = spec.jump_ns
         self._width_ns = self.clock.width_ns
         self._offset_ns = self.clock.offset_ns
+        self._lateness_ns = spec.lateness_ns
 
     # ------------------------------------------------------------------ input
     def push(self, sample: Sample) -> list[Event]:
         """Add one sample; return the events it caused, in order."""
-        st = self._streams.get(sample.header.stream)
+        h = sample.header
+        st = self._streams.get(h.stream)
         if st is None:
             self.stats.ignored += 1
             return []
         stats = self.stats
         stats.samples += 1
         events: list[Event] = []
-        h = sample.header
         stamp = h.stamp_ns
         if stamp == 0:
             stamp = sample.receive_ns
             fallback = True
         else:
-            fallback = bool(int(h.flags) & _STAMP_FALLBACK)
-        stamp += st.spec.clock_offset_ns
+            fallback = (int(h.flags) & _STAMP_FALLBACK) != 0
+        stamp += st.clock_offset_ns
         if fallback:
             stats.stamp_fallbacks += 1
         key = (h.publisher_id, h.seq)
@@ -195,7 +207,7 @@ class Assembler:
         if len(order) > _SEEN_WINDOW:
             seen.discard(order.popleft())
         last = st.last_stamp
-        if last is not None and abs(stamp - last) > self._jump_ns:
+        if last is not None and (stamp - last > self._jump_ns or last - stamp > self._jump_ns):
             jump = StampJump(st.spec.name, last, stamp)
             self.stats.stamp_jumps += 1
             events.append(jump)
@@ -331,8 +343,8 @@ class Assembler:
                 if decided is not None:
                     events.extend(self._finish(b, decided, forced=False))
                     continue
-            top = self._event_time()
-            if top is not None and top >= self.clock.end_ns(b) + self.spec.lateness_ns:
+            top = self._event_time_ns
+            if top is not None and top >= (b + 1) * self._width_ns + self._offset_ns + self._lateness_ns:
                 events.extend(self._emit(b, forced=True))
                 continue
             break

@@ -4,13 +4,20 @@ spike). Produces samples in arrival order, for fusion tests and benchmarks."""
 
 from __future__ import annotations
 
+import bisect
 import random
+from collections.abc import Callable
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from embodied_bus.model.sample import Sample
 from embodied_bus.model.wire import Header, HeaderFlags, Modality
 
-__all__ = ["T0_NS", "Scenario", "generate"]
+if TYPE_CHECKING:
+    from embodied_bus.fusion.frame import MultiModalFrame
+    from embodied_bus.fusion.spec import FusionSpec
+
+__all__ = ["T0_NS", "Scenario", "generate", "lost_input"]
 
 #: Scenario epoch: a round 100 ms multiple, so lidar sweeps sit on 100 ms marks.
 T0_NS = 1_700_000_000_000_000_000
@@ -49,8 +56,14 @@ SENSORS: dict[str, tuple[Modality, int, int, tuple[int, int]]] = {
 }
 
 
-def generate(sc: Scenario) -> list[Sample]:
-    """All samples of the scenario in arrival (receive time) order."""
+def generate(sc: Scenario, *, lost: list[tuple[str, int]] | None = None) -> list[Sample]:
+    """All samples of the scenario in arrival (receive time) order.
+
+    Args:
+        sc: The scenario.
+        lost: If given, (stream, stamp_ns) of every sample lost to ``sc.loss`` is appended to it
+            (stamps as they would have been sent, camera offset included).
+    """
     rng = random.Random(sc.seed)
     out: list[Sample] = []
     end = T0_NS + int(sc.duration_s * 1e9)
@@ -75,6 +88,8 @@ def generate(sc: Scenario) -> list[Sample]:
                 stamp += sc.camera_offset_ns
             seq += 1
             if sc.loss and rng.random() < sc.loss:
+                if lost is not None:
+                    lost.append((stream, stamp))
                 continue
             receive = nominal + latency
             header_stamp = 0 if stream in sc.zero_stamps else stamp
@@ -96,3 +111,44 @@ def generate(sc: Scenario) -> list[Sample]:
             out.append(Sample(h, b"", receive))
     out.sort(key=lambda s: (s.receive_ns, s.header.stream))
     return out
+
+
+def lost_input(spec: FusionSpec, lost: list[tuple[str, int]]) -> Callable[[MultiModalFrame], bool]:
+    """A test of whether a frame lost input: a sample it could have used was lost in transport.
+
+    Args:
+        spec: The fusion spec the frames were assembled with.
+        lost: (stream, stamp_ns) of the lost samples, as filled in by :func:`generate`.
+
+    Returns:
+        A function of a frame: True if a lost sample of some stream was stamped (clock offset
+        applied) within the reach of that stream's pick around the frame's bucket: the bucket
+        itself, widened by the max skew (nearest, interpolate) or back by the max age (hold_last).
+    """
+    from embodied_bus.fusion.spec import Pick
+
+    reach: dict[str, tuple[int, int]] = {}
+    for st in spec.streams:
+        if st.pick in (Pick.NEAREST, Pick.INTERPOLATE):
+            reach[st.name] = (spec.skew_ns(st), spec.skew_ns(st))
+        elif st.pick is Pick.HOLD_LAST:
+            reach[st.name] = (spec.age_ns(st), 0)
+        else:
+            reach[st.name] = (0, 0)
+    stamps: dict[str, list[int]] = {}
+    offsets = {st.name: st.clock_offset_ns for st in spec.streams}
+    for name, stamp in lost:
+        if name in reach:
+            stamps.setdefault(name, []).append(stamp + offsets[name])
+    for values in stamps.values():
+        values.sort()
+
+    def test(frame: MultiModalFrame) -> bool:
+        for name, values in stamps.items():
+            before, after = reach[name]
+            i = bisect.bisect_left(values, frame.start_ns - before)
+            if i < len(values) and values[i] < frame.end_ns + after:
+                return True
+        return False
+
+    return test
