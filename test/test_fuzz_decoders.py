@@ -34,6 +34,7 @@ from embodied_bus.model.wire import (
     Header,
     HeaderFlags,
     Modality,
+    decode_batch,
     decode_header,
     decode_properties,
     encode_batch,
@@ -122,6 +123,22 @@ def test_sample_batches_split_into_whole_samples_or_raise_header_error(att: byte
     entries = only((HeaderError,), lambda: split_batch(att, payload))
     if entries is not None:
         assert entries and b"".join(p for _, p in entries) == payload
+
+
+@FUZZ
+@given(mutated(BATCH[0]), st.one_of(st.just(BATCH[1]), st.binary(max_size=16)))
+def test_decoded_batches_agree_with_decoding_each_sample(att: bytes, payload: bytes) -> None:
+    got = only((HeaderError,), lambda: decode_batch(att, payload))
+    if got is None:
+        return
+    samples, errors = got
+    one_by_one = []
+    for raw, body in split_batch(att, payload):
+        h = only((HeaderError,), lambda raw=raw: decode_header(raw))  # type: ignore[misc]
+        if h is not None:
+            one_by_one.append((h, body))
+    assert samples == one_by_one
+    assert len(samples) + len(errors) == len(split_batch(att, payload))
 
 
 @FUZZ

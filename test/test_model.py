@@ -21,7 +21,7 @@ from embodied_bus.model import (
     encode_properties,
     validate_stream_name,
 )
-from embodied_bus.model.wire import encode_batch, is_batch, split_batch
+from embodied_bus.model.wire import decode_batch, encode_batch, is_batch, split_batch
 
 BASE = Header(
     stream="lidar/front",
@@ -93,6 +93,41 @@ def test_a_batch_splits_back_into_its_samples_in_order() -> None:
     assert is_batch(att) and not is_batch(encode_header(BASE))
     assert split_batch(att, payload) == [(h, p) for h, p in entries]
     assert [decode_header(h).seq for h, _ in split_batch(att, payload)] == [1, 2, 3, 4, 5]
+
+
+@pytest.mark.parametrize("same_length", [True, False], ids=["one-publisher", "mixed-lengths"])
+def test_a_decoded_batch_equals_its_samples_decoded_one_by_one(same_length: bool) -> None:
+    headers = [BASE._replace(seq=i, frame_id="f" if same_length else "f" * i) for i in range(1, 6)]
+    entries = [(encode_header(h), bytes([i]) * i) for i, h in enumerate(headers, 1)]
+    att, payload = encode_batch(entries)
+    samples, errors = decode_batch(att, payload)
+    assert errors == []
+    assert samples == [(decode_header(h), p) for h, p in split_batch(att, payload)]
+    assert [h for h, _ in samples] == headers
+
+
+@pytest.mark.parametrize(
+    ("spoil", "message"),
+    [
+        (lambda b: b"XX" + b[2:], "bad header magic"),
+        (lambda b: b[:4] + b"\xc8" + b[5:], "unknown modality"),
+        (lambda b: b[:-1] + b"\xff", "not UTF-8"),
+        (lambda b: b[:3] + b"\x07" + b[4:], None),  # unknown flag bits: accepted, as one by one
+    ],
+    ids=["magic", "modality", "utf8", "flags"],
+)
+def test_a_bad_header_in_a_batch_costs_only_its_sample_and_says_why(spoil, message: str | None) -> None:  # type: ignore[no-untyped-def]
+    raw = [encode_header(BASE._replace(seq=i)) for i in range(1, 4)]
+    raw[1] = spoil(raw[1])
+    att, payload = encode_batch([(h, b"p%d" % i) for i, h in enumerate(raw, 1)])
+    samples, errors = decode_batch(att, payload)
+    if message is None:
+        assert errors == [] and [h.flags for h, _ in samples][1] == decode_header(raw[1]).flags
+        return
+    assert [(h.seq, p) for h, p in samples] == [(1, b"p1"), (3, b"p3")]
+    with pytest.raises(HeaderError) as one_by_one:
+        decode_header(raw[1])
+    assert [str(e) for e in errors] == [str(one_by_one.value)] and message in str(errors[0])
 
 
 def test_a_batch_is_refused_by_a_version_1_header_decoder_by_name() -> None:

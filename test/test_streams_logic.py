@@ -74,6 +74,35 @@ async def test_block_buffer_makes_the_producer_thread_wait_and_loses_nothing() -
     assert got == list(range(50)) and done.is_set() and buf.dropped == 0
 
 
+async def test_a_drop_oldest_buffer_given_many_at_once_keeps_the_newest_and_counts_the_rest() -> None:
+    buf: BoundedBuffer[int] = BoundedBuffer(3, Backpressure.DROP_OLDEST, asyncio.get_running_loop())
+    assert buf.put_many([0, 1]) == []
+    assert sorted(buf.put_many([2, 3, 4, 5, 6])) == [0, 1, 2, 3]
+    assert [await buf.get(1) for _ in range(3)] == [4, 5, 6]
+    assert buf.dropped == 4
+
+
+async def test_a_block_buffer_given_many_at_once_wakes_the_consumer_waits_and_loses_nothing() -> None:
+    buf: BoundedBuffer[int] = BoundedBuffer(4, Backpressure.BLOCK, asyncio.get_running_loop())
+    done = threading.Event()
+
+    def produce() -> None:
+        for start in range(0, 100, 10):
+            assert buf.put_many(list(range(start, start + 10))) == []
+        done.set()
+
+    th = threading.Thread(target=produce)
+    th.start()
+    got = []
+    for _ in range(100):
+        got.append(await buf.get(5))
+        assert len(buf) <= 4
+    th.join(5)
+    assert got == list(range(100)) and done.is_set() and buf.dropped == 0
+    buf.close()
+    assert buf.put_many([1, 2]) == [1, 2]  # closed: nothing is taken
+
+
 async def test_get_times_out_and_close_wakes_a_waiting_consumer() -> None:
     buf: BoundedBuffer[int] = BoundedBuffer(2, Backpressure.BLOCK, asyncio.get_running_loop())
     with pytest.raises(TimeoutError):

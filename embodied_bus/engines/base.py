@@ -46,6 +46,9 @@ class MessageSink(Protocol):
         """A well-formed message. An :class:`EngineBuffer` payload is copied by the sink when
         the application takes the sample, in the application's thread."""
 
+    def deliver_batch(self, items: list[tuple[Header, bytes]]) -> None:
+        """Well-formed samples that came together (a Zenoh batch), in order, without acks."""
+
     def reject(self, error: Exception, ack: AckFn | None) -> None:
         """A message whose header could not be decoded; ``error`` says why."""
 

@@ -39,12 +39,12 @@ from embodied_bus.model.wire import (
     MAX_BATCH_SAMPLES,
     Header,
     HeaderFlags,
+    decode_batch,
     decode_header,
     encode_batch,
     encode_header,
     encode_strings,
     is_batch,
-    split_batch,
 )
 
 __all__ = ["ZenohEngine", "build_zenoh_config", "stream_key"]
@@ -350,6 +350,7 @@ class _ZenohPublisher(EnginePublisher):
 class _ZenohSubscriber(EngineSubscriber):
     def __init__(self, engine: ZenohEngine, key: str, sink: MessageSink) -> None:
         deliver = sink.deliver
+        deliver_batch = sink.deliver_batch
         reject = sink.reject
 
         def decoded(raw: bytes, sample: zenoh.Sample, what: str) -> Header | None:
@@ -368,14 +369,14 @@ class _ZenohSubscriber(EngineSubscriber):
             raw_att = att.to_bytes()
             if is_batch(raw_att):
                 try:
-                    entries = split_batch(raw_att, sample.payload.to_bytes())
+                    entries, errors = decode_batch(raw_att, sample.payload.to_bytes())
                 except HeaderError as err:
                     reject(HeaderError(f"batch on {sample.key_expr}: {err}"), None)
                     return
-                for raw_header, body in entries:
-                    header = decoded(raw_header, sample, "sample in a batch")
-                    if header is not None:
-                        deliver(header, body, None)
+                for bad in errors:
+                    reject(HeaderError(f"sample in a batch on {sample.key_expr}: {bad}"), None)
+                if entries:
+                    deliver_batch(entries)
                 return
             header = decoded(raw_att, sample, "sample")
             if header is None:

@@ -28,6 +28,7 @@ __all__ = [
     "Header",
     "HeaderFlags",
     "Modality",
+    "decode_batch",
     "decode_header",
     "decode_properties",
     "encode_batch",
@@ -290,19 +291,15 @@ def encode_batch(entries: list[tuple[bytes, bytes | bytearray]]) -> tuple[bytes,
     return head + b"".join(h for h, _ in entries), b"".join(p for _, p in entries)
 
 
-def split_batch(attachment: bytes, payload: bytes) -> list[tuple[bytes, bytes]]:
-    """The (encoded header, payload) pairs of a batch.
-
-    Raises:
-        HeaderError: The batch is malformed (the message says how); none of it is usable.
-    """
+def _batch_table(attachment: bytes, payload: bytes) -> tuple[int, tuple[int, ...]]:
+    """Sample count and (header length, payload length) table of a batch, checked."""
     n_head = _BATCH_HEAD.size
     if len(attachment) < n_head:
         raise HeaderError(f"batch head too short: {len(attachment)} bytes, need {n_head}")
     _, _, count = _BATCH_HEAD.unpack_from(attachment)
     if not 0 < count <= MAX_BATCH_SAMPLES:
         raise HeaderError(f"batch of {count} samples (1 to {MAX_BATCH_SAMPLES} allowed)")
-    h_at, p_at = n_head + 8 * count, 0
+    h_at = n_head + 8 * count
     if len(attachment) < h_at:
         raise HeaderError(f"batch table of {count} samples does not fit in {len(attachment)} bytes")
     table = struct.unpack_from(f"<{2 * count}I", attachment, n_head)
@@ -311,6 +308,17 @@ def split_batch(attachment: bytes, payload: bytes) -> list[tuple[bytes, bytes]]:
             f"batch lengths do not add up: headers {sum(table[0::2])} + {h_at} vs {len(attachment)} "
             f"bytes, payloads {sum(table[1::2])} vs {len(payload)} bytes"
         )
+    return count, table
+
+
+def split_batch(attachment: bytes, payload: bytes) -> list[tuple[bytes, bytes]]:
+    """The (encoded header, payload) pairs of a batch.
+
+    Raises:
+        HeaderError: The batch is malformed (the message says how); none of it is usable.
+    """
+    count, table = _batch_table(attachment, payload)
+    h_at, p_at = _BATCH_HEAD.size + 8 * count, 0
     out = []
     for i in range(count):
         hl, pl = table[2 * i], table[2 * i + 1]
@@ -318,6 +326,90 @@ def split_batch(attachment: bytes, payload: bytes) -> list[tuple[bytes, bytes]]:
         h_at += hl
         p_at += pl
     return out
+
+
+#: Header structs with the strings as one trailing field, by total header length.
+_RUN_STRUCTS: dict[int, struct.Struct] = {}
+#: Decoded strings of batch headers by their UTF-8 bytes: (len(stream), len(encoding), strings).
+_RUN_TAILS: dict[bytes, tuple[int, int, tuple[str, str, str]]] = {}
+
+
+def decode_batch(attachment: bytes, payload: bytes) -> tuple[list[tuple[Header, bytes]], list[HeaderError]]:
+    """Decode a batch into its samples: what :func:`split_batch` then :func:`decode_header` per
+    sample give, faster when every header of the batch has the same length (one publisher's
+    samples always do): the fixed fields of all headers are unpacked in one pass.
+
+    Returns:
+        ``(samples, errors)``: the (header, payload) pairs that decoded, in batch order, and one
+        :class:`HeaderError` per sample whose header did not (the others are unaffected).
+
+    Raises:
+        HeaderError: The batch itself is malformed (see :func:`split_batch`); none of it is usable.
+    """
+    count, table = _batch_table(attachment, payload)
+    out: list[tuple[Header, bytes]] = []
+    errors: list[HeaderError] = []
+    size = table[0]
+    if size <= _HEADER_SIZE or table[0::2].count(size) != count:
+        for raw, body in split_batch(attachment, payload):
+            try:
+                out.append((decode_header(raw), body))
+            except HeaderError as err:
+                errors.append(err)
+        return out, errors
+    run = _RUN_STRUCTS.get(size)
+    if run is None:
+        if len(_RUN_STRUCTS) >= 64:
+            _RUN_STRUCTS.clear()
+        run = _RUN_STRUCTS[size] = struct.Struct(f"{HEADER_STRUCT.format}{size - _HEADER_SIZE}s")
+    h_at = _BATCH_HEAD.size + 8 * count
+    tails = _RUN_TAILS
+    modalities = _MODALITIES
+    flag_values = _FLAGS
+    strings_size = size - _HEADER_SIZE
+    new = tuple.__new__
+    p_at = 0
+    for pl, f in zip(table[1::2], run.iter_unpack(attachment[h_at:]), strict=True):
+        body = payload[p_at : p_at + pl]
+        p_at += pl
+        magic, version, flags, modality, seq, _, _, width_ns, _, _, _, ls, le, lf, tail = f
+        known = tails.get(tail)
+        mod = modalities.get(modality)
+        fl = flag_values.get(flags)
+        if known is None and ls + le + lf == strings_size:
+            try:
+                known = (ls, le, (tail[:ls].decode(), tail[ls : ls + le].decode(), tail[ls + le :].decode()))
+            except UnicodeDecodeError:
+                known = None
+            else:
+                if len(tails) >= _MAX_TAILS:
+                    tails.clear()
+                tails[tail] = known
+        if (
+            magic != WIRE_MAGIC
+            or version != WIRE_VERSION
+            or known is None
+            or known[0] != ls
+            or known[1] != le
+            or ls + le + lf != strings_size
+            or mod is None
+            or fl is None
+            or width_ns <= 0
+            or seq == 0
+        ):
+            at = h_at + (len(out) + len(errors)) * size
+            try:  # the exact error (or a header only the general path accepts)
+                out.append((decode_header(attachment[at : at + size]), body))
+            except HeaderError as err:
+                errors.append(err)
+            continue
+        strings = known[2]
+        header = new(
+            Header,
+            (strings[0], mod, seq, f[5], f[6], width_ns, f[8], strings[1], strings[2], f[9], f[10], fl),
+        )
+        out.append((header, body))
+    return out, errors
 
 
 _PROP_KEYS = (

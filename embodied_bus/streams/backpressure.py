@@ -78,6 +78,57 @@ class BoundedBuffer(Generic[T]):
             self._loop.call_soon_threadsafe(_wake, waiter)
         return dropped
 
+    def put_many(self, items: list[T]) -> list[T]:
+        """Add items in order, as :meth:`put` does one by one, waking the consumer once.
+
+        Returns:
+            The items discarded to make room (``DROP_OLDEST``), or those not added because the
+            buffer is (or got) closed.
+        """
+        dropped: list[T] = []
+        buf = self._items
+        with self._lock:
+            i = 0
+            while i < len(items):
+                if self._closed:
+                    dropped.extend(items[i:])
+                    break
+                room = self.capacity - len(buf)
+                if room <= 0:
+                    if self.policy is Backpressure.DROP_OLDEST:
+                        dropped.append(buf.popleft())
+                        self.dropped += 1
+                        room = 1
+                    else:
+                        waiter = self._waiter
+                        self._waiter = None
+                        if waiter is not None:
+                            self._loop.call_soon_threadsafe(_wake, waiter)
+                        self._blocked += 1
+                        try:
+                            while len(buf) >= self.capacity and not self._closed:
+                                self._not_full.wait(0.5)
+                        finally:
+                            self._blocked -= 1
+                        continue
+                if self.policy is Backpressure.DROP_OLDEST and len(items) - i > self.capacity:
+                    # only the newest `capacity` can survive: the rest are dropped unbuffered
+                    skip = len(items) - i - self.capacity
+                    dropped.extend(buf)
+                    self.dropped += len(buf) + skip
+                    buf.clear()
+                    dropped.extend(items[i : i + skip])
+                    i += skip
+                    continue
+                chunk = items[i : i + room]
+                buf.extend(chunk)
+                i += len(chunk)
+            waiter = self._waiter
+            self._waiter = None
+        if waiter is not None:
+            self._loop.call_soon_threadsafe(_wake, waiter)
+        return dropped
+
     def get_nowait(self) -> T | None:
         """Pop the oldest item, or return None if empty."""
         with self._lock:
