@@ -19,6 +19,9 @@ from embodied_bus.model.wire import Header, HeaderFlags, Modality
 
 __all__ = ["Publisher"]
 
+#: Builds a :class:`Header` from a tuple of its fields without the keyword-handling constructor.
+_new_tuple: Any = tuple.__new__
+
 
 class Publisher:
     """Publishes the samples of one stream; create with :meth:`embodied_bus.Bus.publisher`.
@@ -53,6 +56,7 @@ class Publisher:
             limit = min(limit, engine_pub.max_payload_bytes)
         self._limit = limit
         self._high_water = engine_pub.high_water
+        self._backlog = engine_pub.backlog
         #: Samples the engine dropped (drop_oldest with a full queue).
         self.dropped = 0
         #: Samples handed to the engine.
@@ -71,7 +75,6 @@ class Publisher:
         encoding: str | None = None,
         frame_id: str | None = None,
         stamp_fallback: bool = False,
-        _from_thread: bool = False,
     ) -> Header:
         """Publish one sample without awaiting (the asyncio methods wrap this).
 
@@ -92,10 +95,23 @@ class Publisher:
             PayloadTooLargeError: The payload exceeds the publisher's or engine's limit.
             PublishError: The engine refused the sample.
         """
+        return self._publish(payload, stamp_ns, encoding, frame_id, stamp_fallback, False)
+
+    def _publish(
+        self,
+        payload: Payload,
+        stamp_ns: int,
+        encoding: str | None,
+        frame_id: str | None,
+        stamp_fallback: bool,
+        from_thread: bool,
+    ) -> Header:
         if self._closed:
             raise BusClosedError(f"publisher for {self.stream!r} is closed")
         data: bytes | bytearray
-        if isinstance(payload, np.ndarray):
+        if type(payload) is bytes:
+            data = payload
+        elif isinstance(payload, np.ndarray):
             enc = encoding or self.encoding
             data = encode_npy(payload) if enc == ENCODING_NPY else payload.tobytes()
         elif isinstance(payload, memoryview):
@@ -123,21 +139,24 @@ class Publisher:
             flags = HeaderFlags.STAMP_FALLBACK
         seq = self._seq + 1
         clock = self.clock
-        header = Header(
-            self.stream,
-            self.modality,
-            seq,
-            stamp_ns,
-            (stamp_ns - clock.offset_ns) // clock.width_ns,
-            clock.width_ns,
-            clock.offset_ns,
-            encoding or self.encoding,
-            self.frame_id if frame_id is None else frame_id,
-            self.publisher_id,
-            now_ns,
-            flags,
+        header: Header = _new_tuple(
+            Header,
+            (
+                self.stream,
+                self.modality,
+                seq,
+                stamp_ns,
+                (stamp_ns - clock.offset_ns) // clock.width_ns,
+                clock.width_ns,
+                clock.offset_ns,
+                encoding or self.encoding,
+                self.frame_id if frame_id is None else frame_id,
+                self.publisher_id,
+                now_ns,
+                flags,
+            ),
         )
-        accepted = (self._pub.send_from_thread if _from_thread else self._pub.send)(header, data)
+        accepted = (self._pub.send_from_thread if from_thread else self._pub.send)(header, data)
         self._seq = seq
         if accepted:
             self.sent += 1
@@ -159,14 +178,7 @@ class Publisher:
         Under ``BLOCK`` it waits in the calling thread until the engine accepts the sample,
         skipping the hand-off to a sender thread. One thread per publisher.
         """
-        return self.publish_nowait(
-            payload,
-            stamp_ns=stamp_ns,
-            encoding=encoding,
-            frame_id=frame_id,
-            stamp_fallback=stamp_fallback,
-            _from_thread=True,
-        )
+        return self._publish(payload, stamp_ns, encoding, frame_id, stamp_fallback, True)
 
     async def publish(
         self,
@@ -182,10 +194,8 @@ class Publisher:
         Under ``BLOCK`` this awaits while the engine's send queue is full, without blocking
         the event loop.
         """
-        header = self.publish_nowait(
-            payload, stamp_ns=stamp_ns, encoding=encoding, frame_id=frame_id, stamp_fallback=stamp_fallback
-        )
-        if self._pub.backlog() > self._high_water:
+        header = self._publish(payload, stamp_ns, encoding, frame_id, stamp_fallback, False)
+        if self._backlog() > self._high_water:
             await self._pub.wait_writable()
         return header
 
