@@ -11,7 +11,9 @@ from hypothesis import strategies as st
 
 from embodied_bus import Backpressure, BusClosedError, BusConfigError
 from embodied_bus.engines.urls import PulsarSettings, ZenohSettings, parse_bus_url
-from embodied_bus.streams import BoundedBuffer, SequenceTracker, Verdict
+from embodied_bus.model import Header, Modality
+from embodied_bus.model.qos import SubscriptionOptions
+from embodied_bus.streams import BoundedBuffer, SequenceTracker, Subscription, Verdict
 
 
 def test_tracker_classifies_gaps_late_arrivals_and_duplicates() -> None:
@@ -72,6 +74,42 @@ async def test_block_buffer_makes_the_producer_thread_wait_and_loses_nothing() -
         assert len(buf) <= 2
     th.join(5)
     assert got == list(range(50)) and done.is_set() and buf.dropped == 0
+
+
+@given(
+    st.lists(
+        st.lists(st.tuples(st.integers(1, 2), st.integers(1, 40)), min_size=1, max_size=30),
+        min_size=1,
+        max_size=8,
+    ),
+    st.booleans(),
+)
+def test_a_batch_handed_over_at_once_is_accounted_as_the_same_samples_one_by_one(
+    batches: list[list[tuple[int, int]]], runs: bool
+) -> None:
+    def header(pub: int, seq: int) -> Header:
+        return Header("s", Modality.IMU, seq, 1, 0, 100, 0, "raw", "", pub, 0)
+
+    async def run() -> None:
+        loop = asyncio.get_running_loop()
+        options = SubscriptionOptions(capacity=10_000, backpressure=Backpressure.BLOCK)
+        one, many = Subscription("s", options, loop), Subscription("s", options, loop)
+        for batch in batches:
+            if runs:  # consecutive sequence numbers from one publisher: the one-pass path
+                first, start = batch[0]
+                batch = [(first, start + i) for i in range(len(batch))]
+            items = [
+                (Header("s", Modality.IMU, q, 1, 0, 100, 0, "raw", "", pub, 0), bytes(q)) for pub, q in batch
+            ]
+            for h, payload in items:
+                one.deliver(h, payload, None)
+            many.deliver_batch(items)
+        assert many.counters() == one.counters()
+        got = [(x.header.publisher_id, x.seq, x.out_of_order) for x in iter(many.recv_nowait, None)]
+        assert got == [(x.header.publisher_id, x.seq, x.out_of_order) for x in iter(one.recv_nowait, None)]
+        assert many.stats["s"].bytes == one.stats["s"].bytes
+
+    asyncio.run(run())
 
 
 async def test_a_drop_oldest_buffer_given_many_at_once_keeps_the_newest_and_counts_the_rest() -> None:

@@ -14,6 +14,7 @@ import enum
 import re
 import struct
 from collections.abc import Mapping
+from itertools import accumulate
 from typing import NamedTuple
 
 from embodied_bus.errors import HeaderError
@@ -328,16 +329,18 @@ def split_batch(attachment: bytes, payload: bytes) -> list[tuple[bytes, bytes]]:
     return out
 
 
-#: Header structs with the strings as one trailing field, by total header length.
+#: Headers as (bytes 0-5, seq, stamp_ns, bucket, bytes 30-53, publish_ns, bytes 62-): the
+#: fields that differ between samples of one publisher, and the rest as three opaque runs.
 _RUN_STRUCTS: dict[int, struct.Struct] = {}
-#: Decoded strings of batch headers by their UTF-8 bytes: (len(stream), len(encoding), strings).
-_RUN_TAILS: dict[bytes, tuple[int, int, tuple[str, str, str]]] = {}
+#: Smaller batches are decoded header by header (the one-pass path costs more below this).
+_RUN_MIN_SAMPLES = 16
 
 
 def decode_batch(attachment: bytes, payload: bytes) -> tuple[list[tuple[Header, bytes]], list[HeaderError]]:
     """Decode a batch into its samples: what :func:`split_batch` then :func:`decode_header` per
-    sample give, faster when every header of the batch has the same length (one publisher's
-    samples always do): the fixed fields of all headers are unpacked in one pass.
+    sample give, in one pass when the headers differ only in seq, stamp, bucket and publish
+    time (one publisher's samples with the same encoding and frame_id): the first header is
+    decoded in full and the differing fields of all of them are unpacked together.
 
     Returns:
         ``(samples, errors)``: the (header, payload) pairs that decoded, in batch order, and one
@@ -347,68 +350,45 @@ def decode_batch(attachment: bytes, payload: bytes) -> tuple[list[tuple[Header, 
         HeaderError: The batch itself is malformed (see :func:`split_batch`); none of it is usable.
     """
     count, table = _batch_table(attachment, payload)
+    size = table[0]
+    h_at = _BATCH_HEAD.size + 8 * count
+    if count >= _RUN_MIN_SAMPLES and size > _HEADER_SIZE and table[0::2].count(size) == count:
+        run = _RUN_STRUCTS.get(size)
+        if run is None:
+            if len(_RUN_STRUCTS) >= 64:
+                _RUN_STRUCTS.clear()
+            run = _RUN_STRUCTS[size] = struct.Struct(f"<6sQqq24sq{size - 62}s")
+        head, seqs, stamps, buckets, mid, publish, tail = zip(
+            *run.iter_unpack(attachment[h_at:]), strict=True
+        )  # noqa: E501
+        if head.count(head[0]) == count and mid.count(mid[0]) == count and tail.count(tail[0]) == count:
+            try:
+                first = decode_header(attachment[h_at : h_at + size])
+            except HeaderError:
+                first = None
+            if first is not None and 0 not in seqs:
+                stream, mod, _, _, _, width_ns, offset_ns, encoding, frame_id, pub, _, flags = first
+                new = tuple.__new__
+                w, o, e, f = width_ns, offset_ns, encoding, frame_id
+                headers = [
+                    new(Header, (stream, mod, q, t, b, w, o, e, f, pub, p, flags))
+                    for q, t, b, p in zip(seqs, stamps, buckets, publish, strict=True)
+                ]
+                sizes = table[1::2]
+                if sizes.count(sizes[0]) == count:
+                    step = sizes[0]
+                    bodies = [payload[i : i + step] for i in range(0, count * step, step)]
+                else:
+                    ends = list(accumulate(sizes))
+                    bodies = [payload[lo:hi] for lo, hi in zip([0, *ends[:-1]], ends, strict=True)]
+                return list(zip(headers, bodies, strict=True)), []
     out: list[tuple[Header, bytes]] = []
     errors: list[HeaderError] = []
-    size = table[0]
-    if size <= _HEADER_SIZE or table[0::2].count(size) != count:
-        for raw, body in split_batch(attachment, payload):
-            try:
-                out.append((decode_header(raw), body))
-            except HeaderError as err:
-                errors.append(err)
-        return out, errors
-    run = _RUN_STRUCTS.get(size)
-    if run is None:
-        if len(_RUN_STRUCTS) >= 64:
-            _RUN_STRUCTS.clear()
-        run = _RUN_STRUCTS[size] = struct.Struct(f"{HEADER_STRUCT.format}{size - _HEADER_SIZE}s")
-    h_at = _BATCH_HEAD.size + 8 * count
-    tails = _RUN_TAILS
-    modalities = _MODALITIES
-    flag_values = _FLAGS
-    strings_size = size - _HEADER_SIZE
-    new = tuple.__new__
-    p_at = 0
-    for pl, f in zip(table[1::2], run.iter_unpack(attachment[h_at:]), strict=True):
-        body = payload[p_at : p_at + pl]
-        p_at += pl
-        magic, version, flags, modality, seq, _, _, width_ns, _, _, _, ls, le, lf, tail = f
-        known = tails.get(tail)
-        mod = modalities.get(modality)
-        fl = flag_values.get(flags)
-        if known is None and ls + le + lf == strings_size:
-            try:
-                known = (ls, le, (tail[:ls].decode(), tail[ls : ls + le].decode(), tail[ls + le :].decode()))
-            except UnicodeDecodeError:
-                known = None
-            else:
-                if len(tails) >= _MAX_TAILS:
-                    tails.clear()
-                tails[tail] = known
-        if (
-            magic != WIRE_MAGIC
-            or version != WIRE_VERSION
-            or known is None
-            or known[0] != ls
-            or known[1] != le
-            or ls + le + lf != strings_size
-            or mod is None
-            or fl is None
-            or width_ns <= 0
-            or seq == 0
-        ):
-            at = h_at + (len(out) + len(errors)) * size
-            try:  # the exact error (or a header only the general path accepts)
-                out.append((decode_header(attachment[at : at + size]), body))
-            except HeaderError as err:
-                errors.append(err)
-            continue
-        strings = known[2]
-        header = new(
-            Header,
-            (strings[0], mod, seq, f[5], f[6], width_ns, f[8], strings[1], strings[2], f[9], f[10], fl),
-        )
-        out.append((header, body))
+    for raw_header, body in split_batch(attachment, payload):
+        try:
+            out.append((decode_header(raw_header), body))
+        except HeaderError as err:
+            errors.append(err)
     return out, errors
 
 

@@ -54,6 +54,25 @@ class StreamStats:
                 snaps.popleft()
         return self.seq.observe(publisher_id, seq)
 
+    def observe_run(
+        self, publisher_id: int, first_seq: int, sizes: list[int], latencies_ns: list[int]
+    ) -> bool:
+        """Account samples of one publisher with consecutive sequence numbers from ``first_seq``
+        as :meth:`observe` would one by one, if all of them come after the last one seen from
+        that publisher (so none is a duplicate or late); else do nothing and return False."""
+        if not self.seq.advance_run(publisher_id, first_seq, first_seq + len(sizes) - 1):
+            return False
+        self.received += len(sizes)
+        self.bytes += sum(sizes)
+        self._latencies_ns.extend(latencies_ns)
+        now = time.monotonic()
+        snaps = self._snaps
+        if not snaps or now - snaps[-1][0] >= SNAPSHOT_S:
+            snaps.append((now, self.received, self.bytes))
+            while now - snaps[0][0] > RATE_WINDOW_S:
+                snaps.popleft()
+        return True
+
     def _window(self) -> tuple[float, int, int]:
         now = time.monotonic()
         snaps = self._snaps

@@ -93,6 +93,25 @@ class Subscription:
         what :meth:`deliver` does for each, with one buffer hand-off."""
         limit = self.options.max_payload_bytes
         now = self._clock()
+        first = items[0][0]
+        n = len(items)
+        last = items[-1][0]
+        if (
+            last.seq - first.seq == n - 1
+            and last.publisher_id == first.publisher_id
+            and last.stream == first.stream
+            and [h.seq for h, _ in items] == list(range(first.seq, first.seq + n))
+            and all(h.publisher_id == first.publisher_id and h.stream == first.stream for h, _ in items)
+        ):
+            sizes = [len(p) for _, p in items]
+            if max(sizes) <= limit:
+                run = self.stats.get(first.stream)
+                if run is None:
+                    run = self.stats[first.stream] = StreamStats(first.stream)
+                latencies = [now - h.publish_ns for h, _ in items]
+                if run.observe_run(first.publisher_id, first.seq, sizes, latencies):
+                    self._put_items([(Sample(h, p, now), None, None) for h, p in items])
+                    return
         keep_duplicates = self.options.deliver_duplicates
         stats = self.stats
         st: StreamStats | None = None
@@ -115,8 +134,11 @@ class Subscription:
             if verdict is _DUPLICATE and not keep_duplicates:
                 continue
             out.append((Sample(header, payload, now, verdict is _OUT_OF_ORDER), None, None))
-        for sample, _, _ in self._buffer.put_many(out):
-            stats[sample.header.stream].dropped += 1
+        self._put_items(out)
+
+    def _put_items(self, items: list[_Item]) -> None:
+        for sample, _, _ in self._buffer.put_many(items):
+            self.stats[sample.header.stream].dropped += 1
 
     def reject(self, error: Exception, ack: AckFn | None) -> None:
         """Called by the engine for a message whose header is malformed."""

@@ -76,6 +76,22 @@ class SequenceTracker:
         self.duplicates += 1
         return Verdict.DUPLICATE
 
+    def advance_run(self, publisher_id: int, first_seq: int, last_seq: int) -> bool:
+        """Record ``first_seq`` .. ``last_seq`` (consecutive) of a publisher as :meth:`observe`
+        would one by one, if ``first_seq`` comes after everything seen from it (a first
+        sample, in order, or a gap); else change nothing and return False."""
+        st = self._pubs.get(publisher_id)
+        if st is None:
+            self._pubs[publisher_id] = _PublisherState(last_seq)
+            return True
+        last = st.last_seq
+        if first_seq <= last:
+            return False
+        if first_seq > last + 1:
+            self.observe(publisher_id, first_seq)  # the gap, counted and remembered
+        st.last_seq = last_seq
+        return True
+
     @property
     def publishers(self) -> int:
         """Number of distinct publishers seen."""
