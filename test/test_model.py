@@ -285,3 +285,19 @@ def test_headers_whose_strings_concatenate_alike_decode_distinctly() -> None:
     b = BASE._replace(stream="s0", encoding="", frame_id="0")
     assert decode_header(encode_header(a)) == a
     assert decode_header(encode_header(b)) == b
+
+
+def test_properties_of_one_publisher_decode_the_same_after_the_first_and_bad_fields_are_still_named() -> None:
+    headers = [
+        BASE._replace(seq=i, stamp_ns=BASE.stamp_ns + i, bucket=BASE.bucket + i, publish_ns=i)
+        for i in range(1, 5)
+    ]
+    assert [decode_properties(encode_properties(h)) for h in headers] == headers
+    good = encode_properties(headers[0])["eb.h"].split("|")
+    for index, name in ((3, "seq"), (4, "stamp_ns"), (9, "pub_ns")):
+        bad = "|".join([*good[:index], "x1", *good[index + 1 :]])
+        with pytest.raises(HeaderError, match=f"field {name} is not an integer"):
+            decode_properties({"eb.h": bad})
+    zero = "|".join([*good[:3], "0", *good[4:]])
+    with pytest.raises(HeaderError, match="seq must be >= 1"):
+        decode_properties({"eb.h": zero})
