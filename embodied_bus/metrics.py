@@ -75,6 +75,13 @@ class MetricsExporter:
             "added_latency_p99_ms": GaugeMetricFamily(
                 "embodied_bus_fusion_added_latency_p99_ms", "latency added by fusion p99"
             ),
+            "added_latency_on_completion_p99_ms": GaugeMetricFamily(
+                "embodied_bus_fusion_added_latency_on_completion_p99_ms",
+                "latency added by fusion p99, frames emitted on completion",
+            ),
+            "forced": CounterMetricFamily(
+                "embodied_bus_fusion_forced", "frames forced out by the lateness bound or an idle flush"
+            ),
         }
         for fusion_source in self._fusion_sources:
             summary = fusion_source()

@@ -204,7 +204,9 @@ async def run(args: argparse.Namespace) -> int:
         print(
             f"\nfusion: {fusion['frames']} frames, {fusion['completeness_pct']}% complete, presence "
             f"{fusion['presence_pct']}, skew p50/p99 {fusion['skew_p50_ms']}/{fusion['skew_p99_ms']} ms, "
-            f"added latency p99 {fusion['added_latency_p99_ms']} ms, late {fusion['late']}"
+            f"added latency p99 {fusion['added_latency_on_completion_p99_ms']} ms on completion "
+            f"({fusion['added_latency_p99_ms']} ms with the {fusion['forced']} frames forced out by the "
+            f"lateness bound or the end of the replay), late {fusion['late']}"
         )
         print(
             f"actions: {actions['succeeded']} of {actions['submitted']} succeeded on executors "

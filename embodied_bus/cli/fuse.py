@@ -81,7 +81,9 @@ async def run(args: argparse.Namespace) -> int:
                     m = worker.metrics.as_dict()
                     print(
                         f"frames {m['frames']} ({m['frames_per_s']}/s)  complete {m['completeness_pct']}%  "
-                        f"skew p99 {m['skew_p99_ms']} ms  added p99 {m['added_latency_p99_ms']} ms  "
+                        f"skew p99 {m['skew_p99_ms']} ms  "
+                        f"added p99 {m['added_latency_on_completion_p99_ms']} ms on completion "
+                        f"({m['added_latency_p99_ms']} ms with {m['forced']} forced)  "
                         f"late {m['late']}",
                         flush=True,
                     )

@@ -70,9 +70,13 @@ class FusionMetrics:
     late: int = 0
     dropped: int = 0
     jumps: int = 0
+    #: Frames forced out by the lateness bound or an idle flush rather than on completion.
+    forced: int = 0
     presence: dict[str, int] = field(default_factory=dict)
     skew_ms: deque[float] = field(default_factory=lambda: deque(maxlen=_WINDOW))
     added_ms: deque[float] = field(default_factory=lambda: deque(maxlen=_WINDOW))
+    #: Added latency of the frames emitted on completion (not forced), ms.
+    added_on_completion_ms: deque[float] = field(default_factory=lambda: deque(maxlen=_WINDOW))
     e2e_ms: deque[float] = field(default_factory=lambda: deque(maxlen=_WINDOW))
 
     def record(self, frame: MultiModalFrame, emitted_ns: int) -> None:
@@ -81,14 +85,20 @@ class FusionMetrics:
         for name in frame.members:
             self.presence[name] = self.presence.get(name, 0) + 1
         self.skew_ms.append(frame.max_skew_ns / 1e6)
+        if frame.forced:
+            self.forced += 1
         if frame.last_arrival_ns:
-            self.added_ms.append((emitted_ns - frame.last_arrival_ns) / 1e6)
+            added_ms = (emitted_ns - frame.last_arrival_ns) / 1e6
+            self.added_ms.append(added_ms)
+            if not frame.forced:
+                self.added_on_completion_ms.append(added_ms)
         self.e2e_ms.append((emitted_ns - frame.reference_stamp_ns) / 1e6)
 
     def as_dict(self) -> dict[str, Any]:
         elapsed = max(1e-9, time.monotonic() - self.started)
         skew = _pct(self.skew_ms)
         added = _pct(self.added_ms)
+        on_completion = _pct(self.added_on_completion_ms)
         e2e = _pct(self.e2e_ms)
         return {
             "frames": self.frames,
@@ -101,6 +111,9 @@ class FusionMetrics:
             "skew_p99_ms": skew[1],
             "added_latency_p50_ms": added[0],
             "added_latency_p99_ms": added[1],
+            "added_latency_on_completion_p50_ms": on_completion[0],
+            "added_latency_on_completion_p99_ms": on_completion[1],
+            "forced": self.forced,
             "end_to_end_p50_ms": e2e[0],
             "end_to_end_p99_ms": e2e[1],
             "late": self.late,
