@@ -91,6 +91,8 @@ class Subscription:
     def deliver_batch(self, items: list[tuple[Header, bytes]]) -> None:
         """Called by the engine for the well-formed samples of one batch (no acks), in order:
         what :meth:`deliver` does for each, with one buffer hand-off."""
+        if not items:
+            return
         limit = self.options.max_payload_bytes
         now = self._clock()
         first = items[0][0]
