@@ -332,6 +332,8 @@ def split_batch(attachment: bytes, payload: bytes) -> list[tuple[bytes, bytes]]:
 #: Headers as (bytes 0-5, seq, stamp_ns, bucket, bytes 30-53, publish_ns, bytes 62-): the
 #: fields that differ between samples of one publisher, and the rest as three opaque runs.
 _RUN_STRUCTS: dict[int, struct.Struct] = {}
+#: Builds a :class:`Header` from a tuple of its fields (skips the keyword constructor).
+_new_header = tuple.__new__
 #: Smaller batches are decoded header by header (the one-pass path costs more below this).
 _RUN_MIN_SAMPLES = 16
 
@@ -368,10 +370,9 @@ def decode_batch(attachment: bytes, payload: bytes) -> tuple[list[tuple[Header, 
                 first = None
             if first is not None and 0 not in seqs:
                 stream, mod, _, _, _, width_ns, offset_ns, encoding, frame_id, pub, _, flags = first
-                new = tuple.__new__
                 w, o, e, f = width_ns, offset_ns, encoding, frame_id
                 headers = [
-                    new(Header, (stream, mod, q, t, b, w, o, e, f, pub, p, flags))
+                    _new_header(Header, (stream, mod, q, t, b, w, o, e, f, pub, p, flags))
                     for q, t, b, p in zip(seqs, stamps, buckets, publish, strict=True)
                 ]
                 sizes = table[1::2]
@@ -480,52 +481,35 @@ def _is_int(text: str, base: int) -> bool:
 #: Decoded constant fields of ``eb.h`` (everything but seq, stamp, bucket and publish_ns) by
 #: their text: (stream, modality, width_ns, offset_ns, pub, flags, encoding, frame_id). Bounded.
 _COMPACT_FIXED: dict[tuple[str, ...], tuple[object, ...]] = {}
-_new_header = tuple.__new__
 
 
 def _decode_compact(value: str) -> Header:
     parts = value.split("|", 12)
-    if len(parts) == 13:
-        fixed = _COMPACT_FIXED.get((parts[0], parts[1], parts[2], *parts[6:9], *parts[10:13]))
-        if fixed is not None:
-            try:
-                seq, stamp_ns, bucket = int(parts[3]), int(parts[4]), int(parts[5])
-                pub_ns = int(parts[9])
-            except ValueError:
-                pass  # the full decoder names the field
-            else:
-                if seq > 0:
-                    stream, mod, width_ns, offset_ns, pub, flags, enc, frame_id = fixed
-                    return _new_header(  # type: ignore[no-any-return]
-                        Header,
-                        (
-                            stream,
-                            mod,
-                            seq,
-                            stamp_ns,
-                            bucket,
-                            width_ns,
-                            offset_ns,
-                            enc,
-                            frame_id,
-                            pub,
-                            pub_ns,
-                            flags,
-                        ),
-                    )
+    key = (parts[0], parts[1], parts[2], *parts[6:9], *parts[10:13]) if len(parts) == 13 else None
+    fixed = _COMPACT_FIXED.get(key) if key is not None else None
+    if fixed is not None:
+        try:
+            seq, stamp_ns, bucket, pub_ns = int(parts[3]), int(parts[4]), int(parts[5]), int(parts[9])
+        except ValueError:
+            seq = 0  # the full decoder names the field
+        if seq > 0:
+            stream, mod, width, offset, pub, flags, enc, frame = fixed
+            fields = (stream, mod, seq, stamp_ns, bucket, width, offset, enc, frame, pub, pub_ns, flags)
+            return _new_header(Header, fields)  # type: ignore[no-any-return]
     h = _decode_compact_full(value, parts)
-    if len(_COMPACT_FIXED) >= 4096:
-        _COMPACT_FIXED.clear()
-    _COMPACT_FIXED[(parts[0], parts[1], parts[2], *parts[6:9], *parts[10:13])] = (
-        h.stream,
-        h.modality,
-        h.bucket_width_ns,
-        h.bucket_offset_ns,
-        h.publisher_id,
-        h.flags,
-        h.encoding,
-        h.frame_id,
-    )
+    if key is not None:
+        if len(_COMPACT_FIXED) >= 4096:
+            _COMPACT_FIXED.clear()
+        _COMPACT_FIXED[key] = (
+            h.stream,
+            h.modality,
+            h.bucket_width_ns,
+            h.bucket_offset_ns,
+            h.publisher_id,
+            h.flags,
+            h.encoding,
+            h.frame_id,
+        )
     return h
 
 

@@ -46,12 +46,7 @@ class StreamStats:
         self.received += 1
         self.bytes += size
         self._latencies_ns.append(latency_ns)
-        now = time.monotonic()
-        snaps = self._snaps
-        if not snaps or now - snaps[-1][0] >= SNAPSHOT_S:
-            snaps.append((now, self.received, self.bytes))
-            while now - snaps[0][0] > RATE_WINDOW_S:
-                snaps.popleft()
+        self._snapshot()
         return self.seq.observe(publisher_id, seq)
 
     def observe_run(
@@ -65,13 +60,17 @@ class StreamStats:
         self.received += len(sizes)
         self.bytes += sum(sizes)
         self._latencies_ns.extend(latencies_ns)
+        self._snapshot()
+        return True
+
+    def _snapshot(self) -> None:
+        """Record (now, received, bytes) for rates, at most once per :data:`SNAPSHOT_S`."""
         now = time.monotonic()
         snaps = self._snaps
         if not snaps or now - snaps[-1][0] >= SNAPSHOT_S:
             snaps.append((now, self.received, self.bytes))
             while now - snaps[0][0] > RATE_WINDOW_S:
                 snaps.popleft()
-        return True
 
     def _window(self) -> tuple[float, int, int]:
         now = time.monotonic()

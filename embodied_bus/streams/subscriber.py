@@ -59,18 +59,10 @@ class Subscription:
     def deliver(self, header: Header, payload: bytes | EngineBuffer, ack: AckFn | None) -> None:
         """Called by the engine for each well-formed message."""
         if len(payload) > self.options.max_payload_bytes:
-            self.reject(
-                PayloadTooLargeError(
-                    f"{header.stream}: payload of {len(payload)} bytes exceeds the subscription's "
-                    f"max_payload_bytes {self.options.max_payload_bytes}"
-                ),
-                ack,
-            )
+            self._too_large(header, len(payload), ack)
             return
         now = self._clock()
-        st = self.stats.get(header.stream)
-        if st is None:
-            st = self.stats[header.stream] = StreamStats(header.stream)
+        st = self._stream_stats(header.stream)
         verdict = st.observe(header.publisher_id, header.seq, len(payload), now - header.publish_ns)
         if verdict is Verdict.DUPLICATE and not self.options.deliver_duplicates:
             if ack is not None:
@@ -107,36 +99,40 @@ class Subscription:
         ):
             sizes = [len(p) for _, p in items]
             if max(sizes) <= limit:
-                run = self.stats.get(first.stream)
-                if run is None:
-                    run = self.stats[first.stream] = StreamStats(first.stream)
+                run = self._stream_stats(first.stream)
                 latencies = [now - h.publish_ns for h, _ in items]
                 if run.observe_run(first.publisher_id, first.seq, sizes, latencies):
                     self._put_items([(Sample(h, p, now), None, None) for h, p in items])
                     return
         keep_duplicates = self.options.deliver_duplicates
-        stats = self.stats
         st: StreamStats | None = None
         out: list[_Item] = []
         for header, payload in items:
             if len(payload) > limit:
-                self.reject(
-                    PayloadTooLargeError(
-                        f"{header.stream}: payload of {len(payload)} bytes exceeds the subscription's "
-                        f"max_payload_bytes {limit}"
-                    ),
-                    None,
-                )
+                self._too_large(header, len(payload), None)
                 continue
             if st is None or st.stream != header.stream:
-                st = stats.get(header.stream)
-                if st is None:
-                    st = stats[header.stream] = StreamStats(header.stream)
+                st = self._stream_stats(header.stream)
             verdict = st.observe(header.publisher_id, header.seq, len(payload), now - header.publish_ns)
             if verdict is _DUPLICATE and not keep_duplicates:
                 continue
             out.append((Sample(header, payload, now, verdict is _OUT_OF_ORDER), None, None))
         self._put_items(out)
+
+    def _stream_stats(self, stream: str) -> StreamStats:
+        st = self.stats.get(stream)
+        if st is None:
+            st = self.stats[stream] = StreamStats(stream)
+        return st
+
+    def _too_large(self, header: Header, size: int, ack: AckFn | None) -> None:
+        self.reject(
+            PayloadTooLargeError(
+                f"{header.stream}: payload of {size} bytes exceeds the subscription's "
+                f"max_payload_bytes {self.options.max_payload_bytes}"
+            ),
+            ack,
+        )
 
     def _put_items(self, items: list[_Item]) -> None:
         for sample, _, _ in self._buffer.put_many(items):
