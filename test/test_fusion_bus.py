@@ -22,6 +22,7 @@ ROOT = Path(__file__).resolve().parents[1]
 SPEC = load_spec(ROOT / "config" / "fusion.yaml")
 # Engine latency on a loaded 2-core machine: give the end-to-end test a generous lateness bound.
 RELAXED = dataclasses.replace(SPEC, lateness_ns=1_000_000_000)
+BLOCK_PUB = PublisherOptions(backpressure=Backpressure.BLOCK)
 
 
 @pytest.mark.flaky(reruns=1)  # real-time replay into a worker under CI load
@@ -90,3 +91,63 @@ def test_corrupt_frames_raise_clear_encoding_errors() -> None:
     ):
         with pytest.raises(EncodingError, match=msg):
             decode_frame(blob)
+
+
+async def test_a_key_shared_worker_never_republishes_a_bucket_another_worker_already_published(
+    pulsar_url: str,
+) -> None:
+    """A worker that publishes a frame and dies before acknowledging its samples hands the
+    samples to the next owner; the next owner reads the frames stream up to its end first."""
+    from embodied_bus import open_bus
+
+    spec = dataclasses.replace(RELAXED, name=f"handover{time.monotonic_ns()}")
+    samples = generate(Scenario(duration_s=1))
+    buckets = sorted({spec.clock.bucket_of(s.stamp_ns) for s in samples if s.stream == "lidar/top"})
+    async with open_bus(pulsar_url, namespace=spec.name) as bus:
+        worker = FusionWorker(bus, spec, idle_flush_s=0.3, scale_out="key-shared")
+        stop = asyncio.Event()
+        seen = await bus.subscribe(
+            frames_stream(spec), options=SubscriptionOptions(capacity=1000, backpressure=Backpressure.BLOCK)
+        )
+        task = asyncio.create_task(worker.run(stop))
+        try:
+            await asyncio.wait_for(worker.ready.wait(), 30)
+            deadline = time.monotonic() + 30
+            while not worker.slots:  # dealt its Key_Shared slots (a group of one: all of them)
+                assert time.monotonic() < deadline, "the worker never took its slots"
+                await asyncio.sleep(0.05)
+            await asyncio.sleep(max(0.0, worker._settle_until - time.monotonic()))
+            # the former owner's frames, stored just before their samples come back
+            former = await bus.publisher(frames_stream(spec), clock=spec.clock, options=BLOCK_PUB)
+            for b in buckets:
+                await former.publish(b"former owner", stamp_ns=spec.clock.start_ns(b) + 1)
+            await former.flush()
+            # what the worker does before publishing a handed-over bucket: read the frames stream
+            # to its end (its tracking subscription alone could still be behind)
+            await worker._sync_published()
+            assert set(buckets) <= set(worker._published)
+            pubs = {
+                name: await bus.publisher(name, clock=spec.clock, options=BLOCK_PUB)
+                for name in ("lidar/top", "camera/front", "gps", "imu")
+            }
+            for p in pubs.values():
+                assert await p.wait_for_subscribers(10)
+            t_wall, t_first = time.monotonic(), samples[0].receive_ns
+            for s in samples:  # at 2x real time, as they would come back
+                await asyncio.sleep(max(0.0, t_wall + (s.receive_ns - t_first) / 2e9 - time.monotonic()))
+                await pubs[s.stream].publish(b"x", stamp_ns=s.stamp_ns)
+            for p in pubs.values():
+                await p.flush()
+            while worker.skipped < len(buckets):
+                assert time.monotonic() < deadline, f"skipped {worker.skipped} of {len(buckets)} buckets"
+                await asyncio.sleep(0.05)
+        finally:
+            stop.set()
+            await asyncio.wait_for(task, 30)
+        assert await seen.catch_up(timeout_s=10)
+        published = []
+        while (sample := seen.recv_nowait()) is not None:
+            published.append(sample.bucket)
+    assert len(published) == len(set(published)), "a bucket was published twice"
+    assert set(buckets) <= set(published)
+    assert worker.sync_timeouts == 0

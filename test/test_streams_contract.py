@@ -56,6 +56,33 @@ async def test_samples_arrive_in_order_with_header_fields(bus_pair: BusPair) -> 
     assert counters["gaps"] == 0 and counters["duplicates"] == 0 and counters["out_of_order"] == 0
 
 
+async def test_catch_up_hands_over_every_stored_sample_before_it_returns(bus_pair: BusPair) -> None:
+    pub = await bus_pair.publisher_bus.publisher("frames/x", options=BLOCK)
+    early = await bus_pair.subscriber_bus.subscribe("frames/x", options=SubscriptionOptions(capacity=1000))
+    await _ready(pub, bus_pair)
+    await pub.publish(b"before", stamp_ns=1)
+    await pub.flush()
+    # a subscription that starts after a sample was stored never waits for it
+    late = await bus_pair.subscriber_bus.subscribe("frames/x", options=SubscriptionOptions(capacity=1000))
+    assert await late.catch_up(timeout_s=10)
+    assert late.recv_nowait() is None
+    for i in range(200):
+        await pub.publish(i.to_bytes(4, "little"), stamp_ns=1_000 + i)
+    await pub.flush()  # stored (Pulsar) or sent (Zenoh)
+    if bus_pair.engine == "zenoh":
+        assert await late.catch_up(timeout_s=0.0)  # stores nothing: nothing to wait for
+        return
+    for sub, first in ((late, 0), (early, -1)):
+        assert await sub.catch_up(timeout_s=10)
+        got = []
+        while (sample := sub.recv_nowait()) is not None:
+            got.append(sample)
+        assert len(got) == 200 - first, "catch_up returned before every stored sample was buffered"
+        assert int.from_bytes(got[-1].payload, "little") == 199
+    await late.close()
+    assert not await late.catch_up(timeout_s=1.0)
+
+
 async def test_gaps_duplicates_and_out_of_order_are_counted(bus_pair: BusPair) -> None:
     sub = await bus_pair.subscriber_bus.subscribe("gps", options=SubscriptionOptions(capacity=100))
     pub = await bus_pair.publisher_bus.publisher("gps", modality="gps", options=BLOCK)
@@ -327,6 +354,28 @@ async def test_subscribing_to_all_streams_sees_every_stream(bus_pair: BusPair) -
 
     await asyncio.wait_for(publish_until_seen(), 30)
     assert set(sub.stats) == {"lidar/front", "lidar/rear", "imu"}
+
+
+async def test_closing_a_full_durable_subscription_loses_nothing_it_did_not_hand_out(
+    bus_pair: BusPair,
+) -> None:
+    if bus_pair.engine != "pulsar":
+        pytest.skip("durable subscriptions are a Pulsar feature")
+    opts = SubscriptionOptions(capacity=2, backpressure=Backpressure.BLOCK, subscription_name="durable")
+    sub = await bus_pair.subscriber_bus.subscribe("lidar", options=opts)
+    pub = await bus_pair.publisher_bus.publisher("lidar", options=BLOCK)
+    await _ready(pub, bus_pair)
+    for i in range(1, 21):
+        await pub.publish(b"x", stamp_ns=i)
+    await pub.flush()
+    taken = [(await sub.recv(timeout_s=20)).seq for _ in range(5)]  # acknowledged when taken
+    await wait_until(lambda: sub.buffered() == 2, what="a full buffer, its filler waiting for room")
+    await sub.close()  # the buffered samples and the one waiting are not acknowledged
+    again = await bus_pair.subscriber_bus.subscribe("lidar", options=opts)
+    rest: set[int] = set()
+    while len(rest) < 15:
+        rest.add((await again.recv(timeout_s=20)).seq)
+    assert taken == [1, 2, 3, 4, 5] and rest == set(range(6, 21))
 
 
 @pytest.mark.skipif(

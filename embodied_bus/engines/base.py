@@ -110,6 +110,22 @@ class EngineSubscriber(abc.ABC):
     async def close(self) -> None:
         """Stop delivering and release engine resources."""
 
+    async def catch_up(self, timeout_s: float) -> bool:
+        """Wait until every message the engine had stored for this subscription when called
+        (its topic's last message then) has been handed to the sink.
+
+        Engines that store nothing (Zenoh: a sample not yet received was never stored) return
+        True at once.
+
+        Args:
+            timeout_s: Longest wait, seconds.
+
+        Returns:
+            True once caught up; False if that could not be established within ``timeout_s``.
+        """
+        del timeout_s
+        return True
+
 
 class GroupMembership(abc.ABC):
     """A live view of a named group's members, and this process's own membership in it."""

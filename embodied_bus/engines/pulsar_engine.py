@@ -236,6 +236,13 @@ class _PulsarSubscriber(EngineSubscriber):
         # sent by this subscriber's thread between receives, so the loop never waits in the
         # client for them; the thread sends what is queued before the consumer closes.
         self._acks: deque[Any] = deque()
+        # For catch_up: the topic's last message when this consumer started (None: unknown, as
+        # for a consumer of several topics), the last message handed to the sink, and waiters.
+        self._baseline: Any = None
+        self._delivered: Any = None
+        self._waiters: list[tuple[Any, asyncio.AbstractEventLoop, asyncio.Future[None]]] = []
+        self._lock = threading.Lock()
+        self._started = threading.Event()
         self._thread = threading.Thread(target=self._run, name=f"eb-pulsar-{name}", daemon=True)
         self._thread.start()
 
@@ -248,12 +255,34 @@ class _PulsarSubscriber(EngineSubscriber):
             except pulsar.PulsarException as err:
                 _logger.warning("ack failed (message will be redelivered): %s", err)
 
+    def _last_id(self) -> Any:
+        """The topic's last stored message id, or None when the client cannot tell."""
+        try:
+            return self._consumer.get_last_message_id()
+        except (pulsar.PulsarException, ValueError, RuntimeError) as err:
+            _logger.debug("no last message id for %s: %s", self._consumer.topic(), err)
+            return None
+
+    def _passed(self, msg_id: Any) -> None:
+        """Record that ``msg_id`` was handed to the sink; wake the catch-up waiters it covers."""
+        self._delivered = msg_id
+        if self._waiters:
+            with self._lock:
+                done = [w for w in self._waiters if msg_id >= w[0]]
+                self._waiters = [w for w in self._waiters if not msg_id >= w[0]]
+            for _, loop, fut in done:
+                loop.call_soon_threadsafe(_resolve, fut)
+
     def _run(self) -> None:
         consumer = self._consumer
         deliver = self._sink.deliver
         reject = self._sink.reject
         queue_ack = self._acks.append
         try:
+            # what was stored before this consumer started is not delivered to it (it starts at
+            # the latest message): catch_up never waits for that
+            self._baseline = self._last_id()
+            self._started.set()
             while not self._stop.is_set():
                 if self._acks:
                     self._send_acks()
@@ -272,10 +301,43 @@ class _PulsarSubscriber(EngineSubscriber):
                     header = decode_properties(msg.properties())
                 except HeaderError as err:
                     reject(HeaderError(f"message on {msg.topic_name()}: {err}"), ack)
-                    continue
-                deliver(header, msg.data(), ack)
+                else:
+                    deliver(header, msg.data(), ack)
+                self._passed(msg.message_id())
         finally:
+            self._started.set()
             self._send_acks()
+
+    async def catch_up(self, timeout_s: float) -> bool:
+        """See :meth:`EngineSubscriber.catch_up`. One round trip to the broker for the topic's
+        last message id (single-topic consumers only: others return False)."""
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + timeout_s
+        if not await asyncio.to_thread(self._started.wait, timeout_s) or self._baseline is None:
+            return False
+        try:
+            target = await call_bounded(
+                self._last_id, max(0.0, deadline - loop.time()), name="eb-pulsar-last-id"
+            )
+        except TimeoutError:
+            return False
+        if target is None:
+            return False
+        if target <= self._baseline:
+            return True
+        fut: asyncio.Future[None] = loop.create_future()
+        with self._lock:
+            delivered = self._delivered
+            if delivered is not None and delivered >= target:
+                return True
+            self._waiters.append((target, loop, fut))
+        try:
+            await asyncio.wait_for(fut, max(0.0, deadline - loop.time()))
+        except TimeoutError:
+            with self._lock:
+                self._waiters = [w for w in self._waiters if w[2] is not fut]
+            return False
+        return True
 
     async def close(self) -> None:
         if self._stop.is_set():
@@ -299,6 +361,11 @@ class _PulsarSubscriber(EngineSubscriber):
             await call_bounded(_close, CLOSE_TIMEOUT_S, name="eb-pulsar-close")
         except TimeoutError:
             _logger.debug("closing a consumer did not finish within %g s", CLOSE_TIMEOUT_S)
+
+
+def _resolve(fut: asyncio.Future[None]) -> None:
+    if not fut.done():
+        fut.set_result(None)
 
 
 #: Longest wait for a client, producer, consumer or reader to close, seconds (one that cannot

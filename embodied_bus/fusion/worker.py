@@ -44,6 +44,9 @@ GROUP_SETTLE_S = 0.6
 #: or for the spec's lateness bound if that is longer (after a re-deal, the samples a former
 #: owner held come back topic by topic, as the broker redelivers them).
 RECOVERY_QUIET_S = 0.5
+#: Key-shared mode: longest wait for the frames stream to catch up before a handed-over bucket
+#: is published, seconds (past it the frame is published anyway: at least once).
+FRAMES_SYNC_TIMEOUT_S = 5.0
 #: Recent buckets remembered for ring bookkeeping.
 _RECENT = 512
 
@@ -194,6 +197,18 @@ class FusionWorker:
         self._recovering_at: dict[int, float] = {}
         self._emitted_here: set[int] = set()
         self._settle_until = 0.0
+        #: Key-shared mode: until then, frames may be of buckets another worker held before the
+        #: slots were re-dealt, and the frames stream is caught up before each is published.
+        self._handover_until = 0.0
+        self._frames_sub: Subscription | None = None
+        #: Key-shared mode: samples of buckets another worker had already published, redelivered
+        #: here after it left (acknowledged; neither late nor in a frame of this worker).
+        self.already_published = 0
+        #: Frames published without the frames stream having caught up (broker too slow).
+        self.sync_timeouts = 0
+        #: Held while a sample is handled (or buckets are flushed): the slots are re-dealt only
+        #: between samples, so a frame published is never left with its samples unacknowledged.
+        self._handling = asyncio.Lock()
         #: Buckets assembled from redelivered samples.
         self.recovered = 0
 
@@ -202,6 +217,27 @@ class FusionWorker:
         self._published.move_to_end(bucket)
         while len(self._published) > _RECENT:
             self._published.popitem(last=False)
+
+    async def _sync_published(self) -> None:
+        """Take in every frame stored on the frames stream so far (key-shared mode).
+
+        A worker that let go of its slots (or died) may have published the frame of a bucket
+        whose samples it had not yet acknowledged; the samples come back to the new owner, which
+        must not publish that bucket again. Reading the frames stream up to its last stored
+        message tells for sure, where the tracking subscription alone may lag.
+        """
+        sub = self._frames_sub
+        if sub is None:
+            return
+        caught_up = await sub.catch_up(FRAMES_SYNC_TIMEOUT_S)
+        while (sample := sub.recv_nowait()) is not None:
+            self._mark_published(sample.bucket)
+        if not caught_up:
+            self.sync_timeouts += 1
+            _log.warning(
+                "frames stream did not catch up within %g s: a handed-over bucket may be published twice",
+                FRAMES_SYNC_TIMEOUT_S,
+            )
 
     async def _publish_frame(self, frame: MultiModalFrame) -> None:
         now = time.time_ns()
@@ -227,6 +263,8 @@ class FusionWorker:
             if isinstance(ev, MultiModalFrame):
                 if keyshared and ev.pane == 0:
                     done = ev.bucket
+                    if time.monotonic() < self._handover_until:
+                        await self._sync_published()
                     if ev.bucket in self._published:
                         self.skipped += 1
                         self._ack_through(done)
@@ -275,7 +313,10 @@ class FusionWorker:
         if quiet_s is None:
             quiet_s = max(RECOVERY_QUIET_S, self.spec.lateness_ns / 1e9)
         now = time.monotonic()
-        for b in [b for b, t in self._recovering_at.items() if now - t >= quiet_s]:
+        ready = [b for b, t in self._recovering_at.items() if now - t >= quiet_s]
+        if ready:
+            await self._sync_published()
+        for b in ready:
             samples = self._recovering.pop(b)
             del self._recovering_at[b]
             if b not in self._published:
@@ -288,6 +329,8 @@ class FusionWorker:
                         await self._publish_frame(ev)
                 assert self._frames_pub is not None
                 await self._frames_pub.flush()  # persisted before the samples are acknowledged
+            else:
+                self.skipped += 1
             for sample in samples:
                 sample.ack()
 
@@ -317,9 +360,11 @@ class FusionWorker:
                 and b not in self._emitted_here
                 and b not in self.assembler.open_bucket_ids
             ):
-                if b in self._published:  # its frame is out: this sample is late
-                    _log.debug("late %s sample for published bucket %d", sample.stream, b)
-                    self.metrics.late += 1
+                if b in self._published:
+                    # Another worker published this bucket before the slots moved here: the
+                    # samples it had not yet acknowledged when it left come back (at least once).
+                    _log.debug("%s sample for bucket %d published by another worker", sample.stream, b)
+                    self.already_published += 1
                     sample.ack()
                     return
                 # An older bucket redelivered from a worker that left or gave up its slot:
@@ -343,8 +388,14 @@ class FusionWorker:
         await self._handle(events)
 
     async def _pump(self, sub: Subscription) -> None:
+        if self._mode != "key-shared":
+            async for sample in sub:
+                await self.push(sample)
+            return
+        handling = self._handling
         async for sample in sub:
-            await self.push(sample)
+            async with handling:
+                await self.push(sample)
 
     async def _track_published(self, sub: Subscription) -> None:
         async for sample in sub:
@@ -385,7 +436,9 @@ class FusionWorker:
                     await asyncio.sleep(0.2)
                     continue
             self.slots = ranges
-            self._settle_until = time.monotonic() + max(RECOVERY_QUIET_S, self.spec.lateness_ns / 1e9)
+            settle_s = max(RECOVERY_QUIET_S, self.spec.lateness_ns / 1e9)
+            self._settle_until = time.monotonic() + settle_s
+            self._handover_until = self._settle_until + settle_s + 1.0
             pump = asyncio.create_task(self._pump(sub)) if sub is not None else None
             changed = asyncio.create_task(ring.changed.wait())
             stopped = asyncio.create_task(stop.wait())
@@ -401,8 +454,9 @@ class FusionWorker:
                 waiting = {changed, stopped} | ({pump} if pump is not None else set())
             for t in (changed, stopped):
                 t.cancel()
-            if pump is not None:  # stop consuming first, so nothing is half handled
-                pump.cancel()
+            if pump is not None:  # stop consuming first, between two samples
+                async with self._handling:
+                    pump.cancel()
                 await asyncio.gather(pump, return_exceptions=True)
             if sub is not None:
                 await sub.close()  # unacknowledged samples (open buckets) go to their new owner
@@ -436,7 +490,7 @@ class FusionWorker:
         inputs = tuple(s.name for s in self.spec.streams)
         if self._mode is not None:
             self.ring = OwnershipRing(self.bus, self.spec.name, self._worker_id)
-            frames_sub = await self.bus.subscribe(frames_stream(self.spec), options=opts)
+            frames_sub = self._frames_sub = await self.bus.subscribe(frames_stream(self.spec), options=opts)
             self._subs.append(frames_sub)
             tasks.append(asyncio.create_task(self._track_published(frames_sub)))
         if self._mode == "ring":
@@ -464,19 +518,26 @@ class FusionWorker:
                 for t in tasks:
                     if t.done() and not t.cancelled() and t.exception() is not None:
                         raise t.exception()  # type: ignore[misc]
-                if self._recovering:
-                    await self._recover()
-                if self.assembler.open_buckets and time.monotonic() - self._last_input > self._idle_flush_s:
-                    await self._handle(self.assembler.flush())
+                async with self._handling:
+                    if self._recovering:
+                        await self._recover()
+                    if (
+                        self.assembler.open_buckets
+                        and time.monotonic() - self._last_input > self._idle_flush_s
+                    ):
+                        await self._handle(self.assembler.flush())
         finally:
             for s in self._subs:
-                await s.close()
+                if s is not self._frames_sub:  # still read by the last frames' handover checks
+                    await s.close()
             for t in tasks:
                 t.cancel()
             await asyncio.gather(*tasks, return_exceptions=True)
             await self._handle(self.assembler.flush())
             if self._recovering:
                 await self._recover(quiet_s=0.0)
+            if self._frames_sub is not None:
+                await self._frames_sub.close()
             if self.ring is not None:
                 await self.ring.leave()
             await self._frames_pub.flush()
@@ -500,5 +561,7 @@ class FusionWorker:
                 slots=[list(r) for r in self.slots],
                 reassignments=self.reassignments,
                 recovered=self.recovered,
+                already_published=self.already_published,
+                sync_timeouts=self.sync_timeouts,
             )
         return out

@@ -75,6 +75,10 @@ class Subscription:
             item = (Sample(header, b"", now, verdict is Verdict.OUT_OF_ORDER), ack, payload)
         dropped = self._buffer.put(item)
         if dropped is not None:
+            if dropped is item:
+                # refused: the subscription closed (maybe while this thread waited for room
+                # under BLOCK). Not acknowledged, so a durable subscription gets it again.
+                return
             sample, dropped_ack, _ = dropped
             self.stats[sample.header.stream].dropped += 1
             if dropped_ack is not None:
@@ -135,7 +139,10 @@ class Subscription:
         )
 
     def _put_items(self, items: list[_Item]) -> None:
-        for sample, _, _ in self._buffer.put_many(items):
+        dropped = self._buffer.put_many(items)
+        if self._closed:  # refused by a closed buffer, not dropped by the policy
+            return
+        for sample, _, _ in dropped:
             self.stats[sample.header.stream].dropped += 1
 
     def reject(self, error: Exception, ack: AckFn | None) -> None:
@@ -187,6 +194,23 @@ class Subscription:
             except BusClosedError:
                 raise StopAsyncIteration from None
         return self._take(item)
+
+    async def catch_up(self, timeout_s: float) -> bool:
+        """Wait until every sample the engine had stored for this subscription when called is in
+        the buffer (take them with :meth:`recv_nowait`).
+
+        On Pulsar this asks the broker for the topic's last message and waits for it (one topic
+        per subscription only); Zenoh stores nothing, so it returns at once.
+
+        Args:
+            timeout_s: Longest wait, seconds.
+
+        Returns:
+            True once caught up, False if that could not be established within ``timeout_s``.
+        """
+        if self._engine_sub is None or self._closed:
+            return False
+        return await self._engine_sub.catch_up(timeout_s)
 
     def buffered(self) -> int:
         """Samples waiting in the buffer."""

@@ -7,7 +7,8 @@ from dataclasses import dataclass, field
 
 __all__ = ["MAX_TRACKED_MISSING", "SequenceTracker", "Verdict"]
 
-#: How many missing sequence numbers per publisher are remembered to recognise late arrivals.
+#: How many missing sequence numbers per publisher are remembered to recognise late arrivals
+#: (and how many arrivals from before the first sample seen, to recognise their duplicates).
 MAX_TRACKED_MISSING = 4096
 
 
@@ -17,16 +18,24 @@ class Verdict(enum.Enum):
     IN_ORDER = "in_order"
     #: In order, but one or more earlier sequence numbers were skipped.
     GAP = "gap"
-    #: A sequence number that had been counted missing arrived late.
+    #: Arrived after a later one: a number that had been counted missing, or one from before
+    #: the first sample seen of its publisher (a Pulsar redelivery after a later fresh sample,
+    #: or a late sample behind the point where the subscription joined).
     OUT_OF_ORDER = "out_of_order"
-    #: Seen before (or older than anything remembered): not delivered again.
+    #: Received before: not delivered again. A number whose fate is no longer remembered (older
+    #: than :data:`MAX_TRACKED_MISSING` tracked gaps) is delivered as out of order instead:
+    #: a rare repeat beats a silent loss.
     DUPLICATE = "duplicate"
 
 
 @dataclass(slots=True)
 class _PublisherState:
     last_seq: int
+    #: Below this, what arrived is not known from ``missing`` (the first sample seen, raised
+    #: past missing numbers that had to be forgotten); arrivals down there are kept in ``early``.
+    floor: int
     missing: set[int] = field(default_factory=set)
+    early: set[int] = field(default_factory=set)
 
 
 @dataclass(slots=True)
@@ -51,7 +60,7 @@ class SequenceTracker:
         st = self._pubs.get(publisher_id)
         if st is None:
             # First sample seen from this publisher: joining mid-stream is not a gap.
-            self._pubs[publisher_id] = _PublisherState(seq)
+            self._pubs[publisher_id] = _PublisherState(seq, seq)
             return Verdict.IN_ORDER
         last = st.last_seq
         if seq == last + 1:
@@ -64,13 +73,22 @@ class SequenceTracker:
             if skipped <= MAX_TRACKED_MISSING:
                 st.missing.update(range(last + 1, seq))
                 if len(st.missing) > MAX_TRACKED_MISSING:
-                    for old in sorted(st.missing)[: len(st.missing) - MAX_TRACKED_MISSING]:
-                        st.missing.discard(old)
+                    forgotten = sorted(st.missing)[: len(st.missing) - MAX_TRACKED_MISSING]
+                    st.missing.difference_update(forgotten)
+                    st.floor = max(st.floor, forgotten[-1] + 1)
+            else:  # too many to remember: nothing below this sample is known any more
+                st.floor = seq
             st.last_seq = seq
             return Verdict.GAP
         if seq in st.missing:
             st.missing.discard(seq)
             self.missing -= 1
+            self.out_of_order += 1
+            return Verdict.OUT_OF_ORDER
+        if seq < st.floor and seq not in st.early:
+            st.early.add(seq)
+            if len(st.early) > MAX_TRACKED_MISSING:
+                st.early.discard(min(st.early))
             self.out_of_order += 1
             return Verdict.OUT_OF_ORDER
         self.duplicates += 1
@@ -82,7 +100,7 @@ class SequenceTracker:
         sample, in order, or a gap); else change nothing and return False."""
         st = self._pubs.get(publisher_id)
         if st is None:
-            self._pubs[publisher_id] = _PublisherState(last_seq)
+            self._pubs[publisher_id] = _PublisherState(last_seq, first_seq)
             return True
         last = st.last_seq
         if first_seq <= last:
