@@ -239,7 +239,7 @@ class _PulsarSubscriber(EngineSubscriber):
         # For catch_up: the topic's last message when this consumer started (None: unknown, as
         # for a consumer of several topics), the last message handed to the sink, and waiters.
         self._baseline: Any = None
-        self._delivered: Any = None
+        self._last_msg: Any = None
         self._waiters: list[tuple[Any, asyncio.AbstractEventLoop, asyncio.Future[None]]] = []
         self._lock = threading.Lock()
         self._started = threading.Event()
@@ -263,15 +263,18 @@ class _PulsarSubscriber(EngineSubscriber):
             _logger.debug("no last message id for %s: %s", self._consumer.topic(), err)
             return None
 
-    def _passed(self, msg_id: Any) -> None:
-        """Record that ``msg_id`` was handed to the sink; wake the catch-up waiters it covers."""
-        self._delivered = msg_id
-        if self._waiters:
-            with self._lock:
-                done = [w for w in self._waiters if msg_id >= w[0]]
-                self._waiters = [w for w in self._waiters if not msg_id >= w[0]]
-            for _, loop, fut in done:
-                loop.call_soon_threadsafe(_resolve, fut)
+    def _passed(self, msg: Any) -> None:
+        """Record that ``msg`` was handed to the sink; wake the catch-up waiters it covers (its
+        id is only built then: that costs about a microsecond)."""
+        with self._lock:
+            self._last_msg = msg
+            if not self._waiters:
+                return
+            msg_id = msg.message_id()
+            done = [w for w in self._waiters if msg_id >= w[0]]
+            self._waiters = [w for w in self._waiters if not msg_id >= w[0]]
+        for _, loop, fut in done:
+            loop.call_soon_threadsafe(_resolve, fut)
 
     def _run(self) -> None:
         consumer = self._consumer
@@ -303,7 +306,7 @@ class _PulsarSubscriber(EngineSubscriber):
                     reject(HeaderError(f"message on {msg.topic_name()}: {err}"), ack)
                 else:
                     deliver(header, msg.data(), ack)
-                self._passed(msg.message_id())
+                self._passed(msg)
         finally:
             self._started.set()
             self._send_acks()
@@ -327,8 +330,8 @@ class _PulsarSubscriber(EngineSubscriber):
             return True
         fut: asyncio.Future[None] = loop.create_future()
         with self._lock:
-            delivered = self._delivered
-            if delivered is not None and delivered >= target:
+            last = self._last_msg
+            if last is not None and last.message_id() >= target:
                 return True
             self._waiters.append((target, loop, fut))
         try:
