@@ -95,15 +95,44 @@ def test_a_batch_splits_back_into_its_samples_in_order() -> None:
     assert [decode_header(h).seq for h, _ in split_batch(att, payload)] == [1, 2, 3, 4, 5]
 
 
+_PAYLOADS = {
+    "growing": lambda i: bytes([i % 256]) * i,
+    "equal": lambda i: bytes([i % 256]) * 8,
+    "empty": lambda i: b"",
+    "some-empty": lambda i: b"" if i % 3 else bytes([i % 256]),
+}
+
+
+@pytest.mark.parametrize("payloads", list(_PAYLOADS))
+@pytest.mark.parametrize("count", [5, 40], ids=["small-batch", "one-pass-batch"])
 @pytest.mark.parametrize("same_length", [True, False], ids=["one-publisher", "mixed-lengths"])
-def test_a_decoded_batch_equals_its_samples_decoded_one_by_one(same_length: bool) -> None:
-    headers = [BASE._replace(seq=i, frame_id="f" if same_length else "f" * i) for i in range(1, 6)]
-    entries = [(encode_header(h), bytes([i]) * i) for i, h in enumerate(headers, 1)]
+def test_a_decoded_batch_equals_its_samples_decoded_one_by_one(
+    same_length: bool, count: int, payloads: str
+) -> None:
+    headers = [
+        BASE._replace(seq=i, frame_id="f" if same_length else "f" * (i % 7)) for i in range(1, count + 1)
+    ]
+    entries = [(encode_header(h), _PAYLOADS[payloads](i)) for i, h in enumerate(headers, 1)]
     att, payload = encode_batch(entries)
     samples, errors = decode_batch(att, payload)
     assert errors == []
     assert samples == [(decode_header(h), p) for h, p in split_batch(att, payload)]
     assert [h for h, _ in samples] == headers
+
+
+def test_a_failure_inside_the_one_pass_batch_decoder_falls_back_to_sample_by_sample(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from embodied_bus.model import wire
+
+    def broken(*_args: object) -> None:
+        raise ValueError("a bug")
+
+    entries = [(encode_header(BASE._replace(seq=i)), b"p") for i in range(1, 41)]
+    att, payload = encode_batch(entries)
+    monkeypatch.setattr(wire, "_decode_run", broken)
+    samples, errors = decode_batch(att, payload)
+    assert errors == [] and [h.seq for h, _ in samples] == list(range(1, 41))
 
 
 @pytest.mark.parametrize(

@@ -11,6 +11,7 @@ The layout is documented in ``docs/wire-format.md``; change both together and bu
 from __future__ import annotations
 
 import enum
+import logging
 import re
 import struct
 from collections.abc import Mapping
@@ -18,6 +19,8 @@ from itertools import accumulate
 from typing import NamedTuple
 
 from embodied_bus.errors import HeaderError
+
+_log = logging.getLogger("embodied_bus.wire")
 
 __all__ = [
     "BATCH_LAYOUT",
@@ -338,23 +341,14 @@ _new_header = tuple.__new__
 _RUN_MIN_SAMPLES = 16
 
 
-def decode_batch(attachment: bytes, payload: bytes) -> tuple[list[tuple[Header, bytes]], list[HeaderError]]:
-    """Decode a batch into its samples: what :func:`split_batch` then :func:`decode_header` per
-    sample give, in one pass when the headers differ only in seq, stamp, bucket and publish
-    time (one publisher's samples with the same encoding and frame_id): the first header is
-    decoded in full and the differing fields of all of them are unpacked together.
-
-    Returns:
-        ``(samples, errors)``: the (header, payload) pairs that decoded, in batch order, and one
-        :class:`HeaderError` per sample whose header did not (the others are unaffected).
-
-    Raises:
-        HeaderError: The batch itself is malformed (see :func:`split_batch`); none of it is usable.
-    """
-    count, table = _batch_table(attachment, payload)
+def _decode_run(
+    attachment: bytes, payload: bytes, count: int, table: tuple[int, ...]
+) -> list[tuple[Header, bytes]] | None:
+    """The one-pass path of :func:`decode_batch`, or None if the batch is not one run of
+    same-shape headers (or its first header is malformed: the exact path names the error)."""
     size = table[0]
     h_at = _BATCH_HEAD.size + 8 * count
-    if count >= _RUN_MIN_SAMPLES and size > _HEADER_SIZE and table[0::2].count(size) == count:
+    if size > _HEADER_SIZE and table[0::2].count(size) == count:
         run = _RUN_STRUCTS.get(size)
         if run is None:
             if len(_RUN_STRUCTS) >= 64:
@@ -376,13 +370,40 @@ def decode_batch(attachment: bytes, payload: bytes) -> tuple[list[tuple[Header, 
                     for q, t, b, p in zip(seqs, stamps, buckets, publish, strict=True)
                 ]
                 sizes = table[1::2]
-                if sizes.count(sizes[0]) == count:
-                    step = sizes[0]
+                step = sizes[0]
+                if step == 0 and sizes.count(0) == count:
+                    bodies = [b""] * count  # empty payloads (markers, triggers)
+                elif sizes.count(step) == count:
                     bodies = [payload[i : i + step] for i in range(0, count * step, step)]
                 else:
                     ends = list(accumulate(sizes))
                     bodies = [payload[lo:hi] for lo, hi in zip([0, *ends[:-1]], ends, strict=True)]
-                return list(zip(headers, bodies, strict=True)), []
+                return list(zip(headers, bodies, strict=True))
+    return None
+
+
+def decode_batch(attachment: bytes, payload: bytes) -> tuple[list[tuple[Header, bytes]], list[HeaderError]]:
+    """Decode a batch into its samples: what :func:`split_batch` then :func:`decode_header` per
+    sample give, in one pass when the headers differ only in seq, stamp, bucket and publish
+    time (one publisher's samples with the same encoding and frame_id): the first header is
+    decoded in full and the differing fields of all of them are unpacked together.
+
+    Returns:
+        ``(samples, errors)``: the (header, payload) pairs that decoded, in batch order, and one
+        :class:`HeaderError` per sample whose header did not (the others are unaffected).
+
+    Raises:
+        HeaderError: The batch itself is malformed (see :func:`split_batch`); none of it is usable.
+    """
+    count, table = _batch_table(attachment, payload)
+    if count >= _RUN_MIN_SAMPLES:
+        try:
+            run = _decode_run(attachment, payload, count, table)
+        except (ValueError, TypeError, struct.error) as err:  # a bug in the fast path, not bad input
+            _log.warning("one-pass batch decoding failed (%r); decoding sample by sample", err)
+            run = None
+        if run is not None:
+            return run, []
     out: list[tuple[Header, bytes]] = []
     errors: list[HeaderError] = []
     for raw_header, body in split_batch(attachment, payload):
