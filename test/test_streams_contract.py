@@ -207,8 +207,19 @@ async def test_block_policy_is_lossless_with_a_slow_consumer(bus_pair: BusPair) 
     assert c["dropped"] == 0 and c["gaps"] == 0
 
 
+_BURSTS = {
+    # small samples with a large one now and then (sent on its own, between batches), headers
+    # of three shapes: decoded header by header
+    "mixed": (lambda i: bytes([i % 251]) * (40_000 if i % 100 == 99 else 1 + i % 300), 3),
+    # one publisher's same-shape headers: decoded in one pass
+    "equal": (lambda i: bytes([i % 251]) * 16, 1),
+    "empty": (lambda i: b"", 1),
+}
+
+
+@pytest.mark.parametrize("burst", list(_BURSTS))
 async def test_a_zenoh_burst_of_small_samples_goes_out_batched_and_arrives_whole_in_order(
-    bus_pair: BusPair,
+    bus_pair: BusPair, burst: str
 ) -> None:
     if bus_pair.engine != "zenoh":
         pytest.skip("batching belongs to the Zenoh BLOCK sender")
@@ -218,15 +229,15 @@ async def test_a_zenoh_burst_of_small_samples_goes_out_batched_and_arrives_whole
     )
     pub = await bus_pair.publisher_bus.publisher("imu", options=BLOCK)
     await _ready(pub, bus_pair)
-    # small samples with a large one now and then (sent on its own, between batches)
-    payloads = [bytes([i % 251]) * (40_000 if i % 100 == 99 else 1 + i % 300) for i in range(n)]
+    make, frames = _BURSTS[burst]
+    payloads = [make(i) for i in range(n)]
     for i, p in enumerate(payloads):  # no await: they queue up behind the sender thread
-        pub.publish_nowait(p, stamp_ns=1_000 + i, frame_id=f"imu{i % 3}")
+        pub.publish_nowait(p, stamp_ns=1_000 + i, frame_id=f"imu{i % frames}")
     await pub.flush()
     got = [await sub.recv(timeout_s=20) for _ in range(n)]
     assert [s.seq for s in got] == list(range(1, n + 1))
     assert [s.payload for s in got] == payloads
-    assert [s.header.frame_id for s in got[:3]] == ["imu0", "imu1", "imu2"]
+    assert [s.header.frame_id for s in got[:3]] == [f"imu{i % frames}" for i in range(3)]
     assert [s.stamp_ns for s in got[-2:]] == [1_000 + n - 2, 1_000 + n - 1]
     assert sub.counters()["gaps"] == 0 and sub.malformed == 0
     assert pub._pub.batches > 0, "no batch was sent"  # type: ignore[attr-defined]
