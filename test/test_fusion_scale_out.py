@@ -1,5 +1,5 @@
-"""Scale-out over a Zenoh ownership ring: three worker processes, one joining and one killed
-mid-stream; every bucket is fused and published exactly once."""
+"""Scale-out over a Zenoh ownership ring and Pulsar Key_Shared: worker processes joining,
+killed and leaving mid-stream; every bucket is fused and published exactly once."""
 
 from __future__ import annotations
 
@@ -67,10 +67,12 @@ def _worker(url: str, ns: str, wid: str, mode: str, config: Path = CONFIG) -> su
 
 
 @pytest.mark.parametrize("engine_name", ["zenoh", "pulsar"])
-async def test_three_workers_publish_every_bucket_once_through_join_and_kill(
+async def test_three_workers_publish_every_bucket_once_through_join_kill_and_leave(
     engine_name: str, request: pytest.FixtureRequest, tmp_path: Path
 ) -> None:
-    """Zenoh: ownership ring. Pulsar: Key_Shared STICKY slots, acks after the frame."""
+    """Zenoh: ownership ring. Pulsar: Key_Shared STICKY slots, acks after the frame.
+
+    w1 and w2 start, w3 joins at 1 s, w2 is SIGKILLed at 2.5 s, w1 leaves (SIGINT) at 3.2 s."""
     # Three Python workers, a Java broker and this test share two cores: allow 1 s of lateness
     # so scheduling hiccups do not turn into late samples.
     doc = yaml.safe_load(CONFIG.read_text())
@@ -111,12 +113,16 @@ async def test_three_workers_publish_every_bucket_once_through_join_and_kill(
             await asyncio.sleep(1.5)  # let both cold-started workers deal out the buckets
             t_wall = time.monotonic()
             t_first = samples[0].receive_ns
+            left = False
             for s in samples:  # 2x real time: 8 s of data in 4 s
                 elapsed = time.monotonic() - t_wall
                 if w3 is None and elapsed > 1.0:
                     w3 = _worker(worker_url, ns, "w3", mode, config)  # joins mid-stream
                 if w2.poll() is None and elapsed > 2.5:
                     w2.send_signal(signal.SIGKILL)  # dies mid-stream
+                if not left and elapsed > 3.2:
+                    w1.send_signal(signal.SIGINT)  # leaves mid-stream, cleanly
+                    left = True
                 delay = t_wall + (s.receive_ns - t_first) / 2e9 - time.monotonic()
                 if delay > 0:
                     await asyncio.sleep(delay)
@@ -148,3 +154,4 @@ async def test_three_workers_publish_every_bucket_once_through_join_and_kill(
     # samples, and redelivered samples older than those seen are not mistaken for duplicates.
     assert len(with_lidar) == sweeps and complete >= sweeps - 3, f"{complete} of {sweeps} complete"
     assert "w3" in owners_seen or '"worker": "w3"' in outs[2][0]
+    assert '"worker": "w1"' in outs[0][0], "w1 did not leave cleanly"

@@ -47,6 +47,8 @@ RECOVERY_QUIET_S = 0.5
 #: Key-shared mode: longest wait for the frames stream to catch up before a handed-over bucket
 #: is published, seconds (past it the frame is published anyway: at least once).
 FRAMES_SYNC_TIMEOUT_S = 5.0
+#: Longest wait for a stopping key-shared worker to hand back or flush its slots, seconds.
+CLOSE_TIMEOUT_S = 10.0
 #: Recent buckets remembered for ring bookkeeping.
 _RECENT = 512
 
@@ -211,6 +213,8 @@ class FusionWorker:
         self._handling = asyncio.Lock()
         #: Buckets assembled from redelivered samples.
         self.recovered = 0
+        #: Open buckets handed back whole to the other workers when this one stopped.
+        self.handed_back = 0
 
     def _mark_published(self, bucket: int) -> None:
         self._published[bucket] = None
@@ -458,6 +462,8 @@ class FusionWorker:
                 async with self._handling:
                     pump.cancel()
                 await asyncio.gather(pump, return_exceptions=True)
+            if stop.is_set():
+                await self._finish_slots()  # before the consumer closes: its acks go out
             if sub is not None:
                 await sub.close()  # unacknowledged samples (open buckets) go to their new owner
             if stop.is_set():
@@ -469,6 +475,26 @@ class FusionWorker:
             self._unacked.clear()
             self._recovering.clear()
             self._recovering_at.clear()
+
+    def _others_alive(self) -> bool:
+        ring = self.ring
+        return ring is not None and any(m != ring.worker_id for m in ring.members())
+
+    async def _finish_slots(self) -> None:
+        """Key-shared mode, stopping: with other workers alive, hand the open buckets back whole
+        (their samples are not acknowledged, so their new owners get every one of them);
+        as the last worker, flush them (the end of the data)."""
+        if self._others_alive():
+            self.handed_back = len(self.assembler.open_bucket_ids) + len(self._recovering)
+            self.assembler.reset_open()
+            self._unacked.clear()
+            self._recovering.clear()
+            self._recovering_at.clear()
+            return
+        async with self._handling:
+            await self._handle(self.assembler.flush())
+            if self._recovering:
+                await self._recover(quiet_s=0.0)
 
     async def run(self, stop: asyncio.Event) -> None:
         """Subscribe, fuse until ``stop`` is set, flush and publish what is left."""
@@ -487,6 +513,7 @@ class FusionWorker:
             options=PublisherOptions(backpressure=Backpressure.BLOCK),
         )
         tasks: list[asyncio.Task[None]] = []
+        slots_task: asyncio.Task[None] | None = None
         inputs = tuple(s.name for s in self.spec.streams)
         if self._mode is not None:
             self.ring = OwnershipRing(self.bus, self.spec.name, self._worker_id)
@@ -504,7 +531,8 @@ class FusionWorker:
             assert self.ring is not None
             await self.ring.watch()
             await self.ring.join(None)
-            tasks.append(asyncio.create_task(self._key_shared(stop, inputs)))
+            slots_task = asyncio.create_task(self._key_shared(stop, inputs))
+            tasks.append(slots_task)
         else:
             self._subs.append(await self.bus.subscribe(inputs, options=opts))
             tasks.append(asyncio.create_task(self._pump(self._subs[-1])))
@@ -527,6 +555,14 @@ class FusionWorker:
                     ):
                         await self._handle(self.assembler.flush())
         finally:
+            if slots_task is not None and stop.is_set():
+                # it hands its open buckets back (or flushes them) and closes its consumer
+                await asyncio.wait([slots_task], timeout=CLOSE_TIMEOUT_S)
+            elif self._mode == "ring" and self._others_alive():
+                # leaving a running ring: the others own this worker's buckets from now on and
+                # publish them whole (every worker has every sample); nothing is flushed here
+                assert self.ring is not None
+                await self.ring.leave()
             for s in self._subs:
                 if s is not self._frames_sub:  # still read by the last frames' handover checks
                     await s.close()
@@ -555,7 +591,12 @@ class FusionWorker:
             "forced": s.forced,
         }
         if self.ring is not None:
-            out.update(worker=self.ring.worker_id, skipped=self.skipped, taken_over=self.taken_over)
+            out.update(
+                worker=self.ring.worker_id,
+                skipped=self.skipped,
+                taken_over=self.taken_over,
+                handed_back=self.handed_back,
+            )
         if self._mode == "key-shared":
             out.update(
                 slots=[list(r) for r in self.slots],
