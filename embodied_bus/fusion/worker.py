@@ -563,6 +563,13 @@ class FusionWorker:
                 # publish them whole (every worker has every sample); nothing is flushed here
                 assert self.ring is not None
                 await self.ring.leave()
+                self.handed_back = len(self.assembler.open_bucket_ids)
+                if self.handed_back:
+                    _log.info(
+                        "left the ring with %d open bucket(s) to the other workers (if every worker "
+                        "stops at once, nobody publishes them: stop the sensors first)",
+                        self.handed_back,
+                    )
             for s in self._subs:
                 if s is not self._frames_sub:  # still read by the last frames' handover checks
                     await s.close()
