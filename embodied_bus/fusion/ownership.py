@@ -6,8 +6,10 @@ Pulsar heartbeats on a non-persistent topic) and deal work out by rendezvous has
 Pulsar (Key_Shared): the hash space of the bucket key is cut into :data:`DEFAULT_SLOTS` slots;
 each worker consumes its slots (:func:`slot_ranges`) from every modality topic with one
 Key_Shared STICKY consumer, so one worker gets all samples of a bucket. Samples are acknowledged
-only after their bucket's frame is out; when slots move, the old owner closes its consumer and
-its unacknowledged samples (open buckets) are redelivered whole to the new owner.
+only after their bucket's frame is out; when slots move, the old owner closes its consumer (between
+two samples) and its unacknowledged samples (open buckets) are redelivered whole to the new
+owner, which reads the frames stream to its end before publishing a handed-over bucket, so a
+bucket whose frame a crashed owner published but did not acknowledge is not published again.
 
 Zenoh ring: every worker receives every sample and assembles every bucket, and
 exactly one, the owner, publishes each frame. Owners come from rendezvous hashing over the live

@@ -285,8 +285,9 @@ class FusionWorker:
                         continue
                 await self._publish_frame(ev)
                 if keyshared and ev.pane == 0:
-                    # persisted before its samples are acknowledged: a crash in between makes
-                    # the new owner emit the frame again (at least once), never lose it
+                    # persisted before its samples are acknowledged: after a crash in between,
+                    # the new owner gets the samples again and finds the frame on the frames
+                    # stream (_sync_published), so the bucket is neither lost nor repeated
                     assert self._frames_pub is not None
                     await self._frames_pub.flush()
                     self._ack_through(ev.bucket)
