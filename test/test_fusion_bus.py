@@ -97,7 +97,8 @@ async def test_a_key_shared_worker_never_republishes_a_bucket_another_worker_alr
     pulsar_url: str,
 ) -> None:
     """A worker that publishes a frame and dies before acknowledging its samples hands the
-    samples to the next owner; the next owner reads the frames stream up to its end first."""
+    samples to the next owner; the next owner reads the frames stream up to its end first (and,
+    when it starts, the frames published shortly before)."""
     from embodied_bus import open_bus
 
     spec = dataclasses.replace(RELAXED, name=f"handover{time.monotonic_ns()}")
@@ -109,6 +110,11 @@ async def test_a_key_shared_worker_never_republishes_a_bucket_another_worker_alr
         seen = await bus.subscribe(
             frames_stream(spec), options=SubscriptionOptions(capacity=1000, backpressure=Backpressure.BLOCK)
         )
+        former = await bus.publisher(frames_stream(spec), clock=spec.clock, options=BLOCK_PUB)
+        early, late = buckets[::2], buckets[1::2]
+        for b in early:  # published before this worker starts (its tracking starts after them)
+            await former.publish(b"former owner", stamp_ns=spec.clock.start_ns(b) + 1)
+        await former.flush()
         task = asyncio.create_task(worker.run(stop))
         try:
             await asyncio.wait_for(worker.ready.wait(), 30)
@@ -117,9 +123,9 @@ async def test_a_key_shared_worker_never_republishes_a_bucket_another_worker_alr
                 assert time.monotonic() < deadline, "the worker never took its slots"
                 await asyncio.sleep(0.05)
             await asyncio.sleep(max(0.0, worker._settle_until - time.monotonic()))
-            # the former owner's frames, stored just before their samples come back
-            former = await bus.publisher(frames_stream(spec), clock=spec.clock, options=BLOCK_PUB)
-            for b in buckets:
+            assert set(early) <= set(worker._published), "frames from before the start were missed"
+            # the former owner's other frames, stored just before their samples come back
+            for b in late:
                 await former.publish(b"former owner", stamp_ns=spec.clock.start_ns(b) + 1)
             await former.flush()
             # what the worker does before publishing a handed-over bucket: read the frames stream

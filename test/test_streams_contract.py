@@ -83,6 +83,22 @@ async def test_catch_up_hands_over_every_stored_sample_before_it_returns(bus_pai
     assert not await late.catch_up(timeout_s=1.0)
 
 
+async def test_stored_headers_lists_what_the_engine_kept_since_a_time(bus_pair: BusPair) -> None:
+    pub = await bus_pair.publisher_bus.publisher("frames/y", options=BLOCK)
+    t0 = time.time_ns()
+    for i in range(5):
+        await pub.publish(b"x", stamp_ns=1_000 + i)
+    await pub.flush()
+    engine = bus_pair.subscriber_bus.engine
+    got = await engine.stored_headers("frames/y", since_ns=t0 - 1_000_000_000, timeout_s=10)
+    if bus_pair.engine == "zenoh":
+        assert got == []  # stores nothing
+        return
+    assert [h.seq for h in got] == [1, 2, 3, 4, 5] and got[0].stamp_ns == 1_000
+    assert await engine.stored_headers("frames/y", since_ns=time.time_ns() + 10**9, timeout_s=10) == []
+    assert await engine.stored_headers("frames/none", since_ns=t0, timeout_s=10) == []
+
+
 async def test_gaps_duplicates_and_out_of_order_are_counted(bus_pair: BusPair) -> None:
     sub = await bus_pair.subscriber_bus.subscribe("gps", options=SubscriptionOptions(capacity=100))
     pub = await bus_pair.publisher_bus.publisher("gps", modality="gps", options=BLOCK)

@@ -163,6 +163,22 @@ class Engine(abc.ABC):
     ) -> EngineSubscriber:
         """Subscribe to one stream, several (a tuple) or every stream of the namespace (None)."""
 
+    async def stored_headers(self, stream: str, *, since_ns: int, timeout_s: float) -> list[Header]:
+        """Headers of the samples the engine still stores for ``stream`` that were published
+        since ``since_ns`` (wall clock), oldest first. Engines that store nothing (Zenoh)
+        return an empty list.
+
+        Args:
+            stream: The stream.
+            since_ns: Earliest publish time, ns since the epoch.
+            timeout_s: Longest time to spend reading, seconds.
+
+        Raises:
+            TimeoutError: The stored samples could not be read within ``timeout_s``.
+        """
+        del stream, since_ns, timeout_s
+        return []
+
     async def watch_group(self, group: str, on_change: MembershipCallback) -> GroupMembership:
         """Watch a group whose members see each other's liveness (Zenoh liveliness tokens);
         call :meth:`GroupMembership.announce` to join it. A member that crashes leaves the

@@ -612,6 +612,32 @@ class PulsarEngine(Engine):
             raise BusConnectionError(f"cannot subscribe to {what!r} on Pulsar: {err}") from err
         return _PulsarSubscriber(consumer, sink, name, ephemeral)
 
+    async def stored_headers(self, stream: str, *, since_ns: int, timeout_s: float) -> list[Header]:
+        """See :meth:`Engine.stored_headers`: a Reader seeks to ``since_ns`` (ms resolution)
+        and reads to the topic's last message; malformed headers are skipped."""
+        self._check()
+        topic = stream_topic(self.settings, stream)
+
+        def _scan() -> list[Header]:
+            reader = self.client.create_reader(topic, pulsar.MessageId.latest)
+            try:
+                reader.seek(max(0, since_ns // 1_000_000))
+                out: list[Header] = []
+                while reader.has_message_available():
+                    msg = reader.read_next(max(1, int(timeout_s * 1000)))
+                    try:
+                        out.append(decode_properties(msg.properties()))
+                    except HeaderError:
+                        continue
+                return out
+            finally:
+                reader.close()
+
+        try:
+            return await call_bounded(_scan, timeout_s, name="eb-pulsar-scan")
+        except pulsar.PulsarException as err:
+            raise BusConnectionError(f"cannot read what Pulsar stored for {stream!r}: {err}") from err
+
     async def watch_group(self, group: str, on_change: MembershipCallback) -> GroupMembership:
         self._check()
         topic = _group_topic(self.settings, group)

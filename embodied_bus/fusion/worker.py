@@ -30,7 +30,14 @@ from embodied_bus.model.wire import Modality
 from embodied_bus.streams.publisher import Publisher
 from embodied_bus.streams.subscriber import Subscription
 
-__all__ = ["DEFAULT_IDLE_FLUSH_S", "SCALE_OUT_MODES", "FusionMetrics", "FusionWorker", "frames_stream"]
+__all__ = [
+    "DEFAULT_IDLE_FLUSH_S",
+    "FRAMES_HISTORY_S",
+    "SCALE_OUT_MODES",
+    "FusionMetrics",
+    "FusionWorker",
+    "frames_stream",
+]
 
 #: With no input for this long, open buckets are flushed (end of a recording, sensors down).
 DEFAULT_IDLE_FLUSH_S = 1.0
@@ -47,6 +54,10 @@ RECOVERY_QUIET_S = 0.5
 #: Key-shared mode: longest wait for the frames stream to catch up before a handed-over bucket
 #: is published, seconds (past it the frame is published anyway: at least once).
 FRAMES_SYNC_TIMEOUT_S = 5.0
+#: Key-shared mode: frames published this long before a worker starts are taken in at its start
+#: (a worker that crashed just before may not have acknowledged their samples, which may then be
+#: dealt to this one), seconds.
+FRAMES_HISTORY_S = 10.0
 #: Longest wait for a stopping key-shared worker to hand back or flush its slots, seconds.
 CLOSE_TIMEOUT_S = 10.0
 #: Recent buckets remembered for ring bookkeeping.
@@ -477,6 +488,25 @@ class FusionWorker:
             self._recovering.clear()
             self._recovering_at.clear()
 
+    async def _take_in_recent_frames(self) -> None:
+        """Mark the buckets of the frames published in the last :data:`FRAMES_HISTORY_S` before
+        this worker started (its tracking subscription sees only later ones)."""
+        since_ns = time.time_ns() - int(FRAMES_HISTORY_S * 1e9)
+        try:
+            headers = await self.bus.engine.stored_headers(
+                frames_stream(self.spec), since_ns=since_ns, timeout_s=FRAMES_SYNC_TIMEOUT_S
+            )
+        except (TimeoutError, BusConnectionError) as err:
+            self.sync_timeouts += 1
+            _log.warning(
+                "could not read the frames published before this worker started (%s): a bucket "
+                "handed over from a crashed worker may be published twice",
+                err or type(err).__name__,
+            )
+            return
+        for header in headers:
+            self._mark_published(header.bucket)
+
     def _others_alive(self) -> bool:
         ring = self.ring
         return ring is not None and any(m != ring.worker_id for m in ring.members())
@@ -530,6 +560,7 @@ class FusionWorker:
             tasks.append(asyncio.create_task(self._pump(self._subs[-1])))
         elif self._mode == "key-shared":
             assert self.ring is not None
+            await self._take_in_recent_frames()
             await self.ring.watch()
             await self.ring.join(None)
             slots_task = asyncio.create_task(self._key_shared(stop, inputs))
