@@ -227,8 +227,11 @@ class _PulsarPublisher(EnginePublisher):
 class _PulsarSubscriber(EngineSubscriber):
     """A consumer drained by its own named thread (isolates BLOCK back-pressure per stream)."""
 
-    def __init__(self, consumer: Any, sink: MessageSink, name: str, ephemeral: bool) -> None:
+    def __init__(
+        self, consumer: Any, sink: MessageSink, name: str, ephemeral: bool, *, single_topic: bool
+    ) -> None:
         self._consumer = consumer
+        self._single_topic = single_topic
         self._sink = sink
         self._ephemeral = ephemeral
         self._stop = threading.Event()
@@ -236,8 +239,9 @@ class _PulsarSubscriber(EngineSubscriber):
         # sent by this subscriber's thread between receives, so the loop never waits in the
         # client for them; the thread sends what is queued before the consumer closes.
         self._acks: deque[Any] = deque()
-        # For catch_up: the topic's last message when this consumer started (None: unknown, as
-        # for a consumer of several topics), the last message handed to the sink, and waiters.
+        # For catch_up: the topic's last message when this consumer started (None: unknown; a
+        # consumer of several topics has no last message id, so it does not ask), the last
+        # message handed to the sink, and waiters.
         self._baseline: Any = None
         self._last_msg: Any = None
         self._waiters: list[tuple[Any, asyncio.AbstractEventLoop, asyncio.Future[None]]] = []
@@ -284,7 +288,8 @@ class _PulsarSubscriber(EngineSubscriber):
         try:
             # what was stored before this consumer started is not delivered to it (it starts at
             # the latest message): catch_up never waits for that
-            self._baseline = self._last_id()
+            if self._single_topic:
+                self._baseline = self._last_id()
             self._started.set()
             while not self._stop.is_set():
                 if self._acks:
@@ -610,7 +615,7 @@ class PulsarEngine(Engine):
             consumer = await asyncio.to_thread(self.client.subscribe, topic, name, **kwargs)
         except pulsar.PulsarException as err:
             raise BusConnectionError(f"cannot subscribe to {what!r} on Pulsar: {err}") from err
-        return _PulsarSubscriber(consumer, sink, name, ephemeral)
+        return _PulsarSubscriber(consumer, sink, name, ephemeral, single_topic=isinstance(stream, str))
 
     async def stored_headers(self, stream: str, *, since_ns: int, timeout_s: float) -> list[Header]:
         """See :meth:`Engine.stored_headers`: a Reader seeks to ``since_ns`` (ms resolution)

@@ -483,10 +483,7 @@ class FusionWorker:
             self.reassignments += 1
             _log.info("Key_Shared slots re-dealt (was %s)", ranges)
             # Open buckets come back as redeliveries (to us or their new owner): start them over.
-            self.assembler.reset_open()
-            self._unacked.clear()
-            self._recovering.clear()
-            self._recovering_at.clear()
+            self._forget_open()
 
     async def _take_in_recent_frames(self) -> None:
         """Mark the buckets of the frames published in the last :data:`FRAMES_HISTORY_S` before
@@ -507,6 +504,14 @@ class FusionWorker:
         for header in headers:
             self._mark_published(header.bucket)
 
+    def _forget_open(self) -> None:
+        """Key-shared mode: drop open and recovering buckets without acknowledging their samples
+        (the broker hands them whole to whoever owns their slots next)."""
+        self.assembler.reset_open()
+        self._unacked.clear()
+        self._recovering.clear()
+        self._recovering_at.clear()
+
     def _others_alive(self) -> bool:
         ring = self.ring
         return ring is not None and any(m != ring.worker_id for m in ring.members())
@@ -517,10 +522,7 @@ class FusionWorker:
         as the last worker, flush them (the end of the data)."""
         if self._others_alive():
             self.handed_back = len(self.assembler.open_bucket_ids) + len(self._recovering)
-            self.assembler.reset_open()
-            self._unacked.clear()
-            self._recovering.clear()
-            self._recovering_at.clear()
+            self._forget_open()
             return
         async with self._handling:
             await self._handle(self.assembler.flush())
