@@ -228,14 +228,19 @@ def raw_pulsar_shared(url: str, n: int) -> dict[str, Any]:
         client.subscribe(topic, "workers", consumer_type=pulsar.ConsumerType.Shared, receiver_queue_size=1)
         for _ in range(4)
     ]
-    producer = client.create_producer(topic, batching_enabled=False)
+    # block, not fail, when 1,000 sends are pending (a failed send_async without a callback is
+    # silently lost, and the baseline would wait for messages that were never published)
+    producer = client.create_producer(topic, batching_enabled=False, block_if_queue_full=True)
     done = threading.Semaphore(0)
+    finished = threading.Event()
 
     def work(c: Any) -> None:
-        while True:
+        while not finished.is_set():
             try:
-                msg = c.receive(timeout_millis=3000)
-            except (pulsar.Timeout, pulsar.AlreadyClosed):  # done, or the client closed under us
+                msg = c.receive(timeout_millis=200)
+            except pulsar.Timeout:
+                continue
+            except pulsar.AlreadyClosed:  # the client closed under us
                 return
             c.acknowledge(msg)
             done.release()
@@ -248,8 +253,12 @@ def raw_pulsar_shared(url: str, n: int) -> dict[str, Any]:
         producer.send_async(b"{}", None)
     producer.flush()
     for _ in range(n):
-        done.acquire(timeout=60)
+        if not done.acquire(timeout=60):
+            raise RuntimeError("raw Pulsar baseline: a message did not arrive within 60 s")
     rate = n / (time.perf_counter() - t0)
+    finished.set()
+    for t in threads:
+        t.join(2)
     client.close()
     return {"messages": n, "consumers": 4, "receiver_queue_size": 1, "msgs_per_s": round(rate, 1)}
 

@@ -8,6 +8,7 @@ import uuid
 from collections.abc import AsyncIterator
 from pathlib import Path
 
+import pulsar
 import pytest
 
 from embodied_bus import Bus, open_bus
@@ -516,6 +517,64 @@ async def test_a_pulsar_state_log_whose_reader_broke_reopens_it_and_catches_up(r
     assert state.reopened == 1
     got = await rig.planner.get(first.id)  # the view still has what was read before
     assert got is not None and got.status is ActionStatus.SUCCEEDED
+
+
+async def test_pulsar_state_records_of_one_loop_turn_share_one_message_and_read_back(rig: Rig) -> None:
+    if rig.engine != "pulsar":
+        pytest.skip("the state log belongs to the Pulsar backend")
+    queue = rig.planner._pulsar
+    await queue.start()
+    actions = [Action("pick", i) for i in range(20)]
+    await asyncio.gather(*(queue.state.publish(a) for a in actions))  # one turn of the loop
+    await queue.state.sync()
+    assert all(queue.state.get(a.id) is not None for a in actions)
+
+    def messages() -> list[set[str]]:
+        reader = rig.planner.bus.engine.client.create_reader(
+            queue.topics.state, pulsar.MessageId.earliest
+        )
+        try:
+            out = []
+            while reader.has_message_available():
+                out.append({str(r["k"]) for r in json.loads(reader.read_next(5000).data())})
+            return out
+        finally:
+            reader.close()
+
+    found = await asyncio.to_thread(messages)
+    assert any({a.id for a in actions} <= ids for ids in found), found  # not 20 broker writes
+
+
+async def test_a_pulsar_state_log_skips_malformed_records_and_reads_on(rig: Rig) -> None:
+    if rig.engine != "pulsar":
+        pytest.skip("the state log belongs to the Pulsar backend")
+    queue = rig.planner._pulsar
+    await queue.start()
+    before, legacy, after = Action("pick", "before"), Action("pick", "legacy"), Action("pick", "after")
+
+    def write() -> None:  # what another (or an older, or a broken) process could write
+        producer = rig.planner.bus.engine.client.create_producer(queue.topics.state)
+        try:
+            bad = b'{"k":"bad-kind","e":"snapshot","d":{"kind":5}}'
+            good = b'{"k":"%s","e":"snapshot","d":%s}' % (before.id.encode(), encode_action(before))
+            producer.send(b"[" + bad + b',{"no":"key"},' + good + b"]", properties={"eb-event": "batch"})
+            producer.send(b"not json", properties={"eb-event": "batch"})
+            producer.send(b'{"an":"object"}', properties={"eb-event": "batch"})
+            # one record per message, keyed by the action id (embodied_bus before 2026-12-03)
+            producer.send(encode_action(legacy), partition_key=legacy.id, properties={"eb-event": "snapshot"})
+            producer.send(
+                b'[{"k":"%s","e":"snapshot","d":%s}]' % (after.id.encode(), encode_action(after)),
+                properties={"eb-event": "batch"},
+            )
+        finally:
+            producer.close()
+
+    await asyncio.to_thread(write)
+    await queue.state.sync()  # the reader went past every bad record
+    for a in (before, legacy, after):
+        got = queue.state.get(a.id)
+        assert got is not None and got.payload == a.payload
+    assert queue.state.get("bad-kind") is None
 
 
 async def test_pulsar_executors_of_one_bus_share_one_state_view_until_the_last_one_closes(rig: Rig) -> None:

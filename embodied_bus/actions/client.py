@@ -101,15 +101,26 @@ class Planner:
         def on_result(topic: str, payload: bytes) -> None:  # engine thread
             loop.call_soon_threadsafe(self._settle, topic.rsplit("/", 1)[-1], payload)
 
+        def on_results(results: list[tuple[str, Any]]) -> None:  # receiving thread (Pulsar)
+            loop.call_soon_threadsafe(self._settle_many, results)
+
         if self._pulsar is not None:
-            await self._pulsar.listen_results(on_result)
+            await self._pulsar.listen_results(on_results)
             self._results_sub = on_result
         else:
             self._results_sub = self.bus.engine.listen("actions/result/*", on_result)
 
-    def _settle(self, action_id: str, payload: bytes) -> None:
+    def _settle_many(self, results: list[tuple[str, Any]]) -> None:
+        for action_id, envelope in results:
+            self._settle(action_id, envelope)
+
+    def _settle(self, action_id: str, payload: bytes | dict[str, Any]) -> None:
+        """A result arrived: ``payload`` is the envelope, as JSON bytes or already parsed."""
         try:
-            action = decode_action(payload)
+            if isinstance(payload, dict):
+                action = action_from_dict(payload, check_payload=False)
+            else:
+                action = decode_action(payload)
         except ActionError:
             return
         self._results[action_id] = action
@@ -136,7 +147,7 @@ class Planner:
                 except (ActionError, BusConnectionError):
                     break
                 for env in reply.get("done", []):
-                    self._settle(str(env["id"]), json.dumps(env).encode())
+                    self._settle(str(env["id"]), env)
                     found += 1
             interval_s = POLL_FIRST_S if found else min(interval_s * 2, POLL_MAX_S)
 
@@ -276,20 +287,21 @@ class ActionHandle:
         loop = asyncio.get_running_loop()
         end = object()
 
-        def on_fb(_topic: str, payload: bytes) -> None:
-            try:
-                data = json.loads(payload)
-            except ValueError:  # not ours to crash on: an engine thread
-                return
-            loop.call_soon_threadsafe(q.put_nowait, data)
+        def on_fb(_topic: str, payload: Any) -> None:  # bytes (Zenoh) or parsed JSON (Pulsar)
+            if isinstance(payload, bytes):
+                try:
+                    payload = json.loads(payload)
+                except ValueError:  # not ours to crash on: an engine thread
+                    return
+            loop.call_soon_threadsafe(q.put_nowait, payload)
 
-        def on_result(_topic: str, _payload: bytes) -> None:
+        def on_result(_topic: str, _payload: Any) -> None:
             loop.call_soon_threadsafe(q.put_nowait, end)
 
         pulsar_q = self.planner._pulsar
         if pulsar_q is not None:
 
-            def on_reply(topic: str, payload: bytes) -> None:
+            def on_reply(topic: str, payload: Any) -> None:
                 (on_result if topic.startswith("actions/result/") else on_fb)(topic, payload)
 
             stop = await pulsar_q.listen_feedback(self.id, on_reply)

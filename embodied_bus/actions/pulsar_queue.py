@@ -5,8 +5,9 @@ Topics (``<t>/<ns>`` is the bus's Pulsar tenant and namespace, ``<bus>`` its nam
     persistent://<t>/<ns>/eb.<bus>.actions.q<P>.<kind>   one per priority level P = 0..9 and
                                                           kind; Shared subscription
                                                           "eb-executors"
-    persistent://<t>/<ns>/eb.<bus>.actions.state         event log, key = action id: every state
-                                                          change as a full action snapshot
+    persistent://<t>/<ns>/eb.<bus>.actions.state         event log: every state change as a full
+                                                          action snapshot; the records of one
+                                                          event-loop turn share one message
     persistent://<t>/<ns>/eb.<bus>.actions.dlq           dead-letter topic (with every attempt)
     non-persistent://<t>/<ns>/eb.<bus>.actions.reply.<planner>   feedback and results of the
                                                           actions of one planner (on demand)
@@ -39,8 +40,11 @@ Semantics, and why they are not Pulsar's own:
 
 The state log is read from its start by every planner and executor (a materialized view that
 keeps every open action and the latest :data:`VIEW_ENDED_LIMIT` ended ones in memory); a
-durable subscription (``eb-state-keeper``) keeps it from being deleted. Fleets should enable
-topic compaction on it (one snapshot per action id is all that is needed).
+durable subscription (``eb-state-keeper``) keeps it from being deleted, and the namespace's
+retention policy bounds it. A state-log message is a JSON array of records
+``{"k": action id, "e": event, "d": snapshot or null}`` (event ``snapshot``, ``requeue``,
+``cancel``, ``purge`` or ``sync``): the records written in one turn of a process's event loop
+go out as one message, so under load one broker write carries many state changes.
 """
 
 from __future__ import annotations
@@ -66,11 +70,13 @@ from embodied_bus.actions.model import (
     ActionError,
     ActionStatus,
     Attempt,
+    action_from_dict,
+    action_to_dict,
     decode_action,
     encode_action,
 )
 from embodied_bus.actions.policy import DEFAULT_RETRY, RetryPolicy
-from embodied_bus.engines._blocking import call_bounded
+from embodied_bus.engines._blocking import resolve_none
 from embodied_bus.engines.pulsar_engine import PulsarEngine, close_handle
 from embodied_bus.errors import BusConnectionError
 
@@ -102,8 +108,8 @@ MAX_HANDBACKS = 20
 #: A message older than this is checked against the state log before it starts, seconds (a
 #: younger one was published moments ago; the log is followed continuously anyway).
 SYNC_AFTER_S = 1.0
-#: How long the state log producer gathers records into one stored batch, milliseconds.
-STATE_BATCH_DELAY_MS = 1
+#: Most records in one state-log message (more records in one event-loop turn go out in several).
+STATE_BATCH_MAX_RECORDS = 500
 #: A state-log reader that has not answered for this long is replaced, seconds.
 REOPEN_AFTER_S = 3.0
 #: Ended actions a state-log view keeps in memory (a planner asks about older ones in vain).
@@ -194,6 +200,11 @@ class StateLog:
         self._generation = 0
         #: Times a stuck reader was replaced.
         self.reopened = 0
+        # records of the current event-loop turn, sent together by _flush
+        self._pending: list[bytes] = []
+        self._pending_futs: list[asyncio.Future[None]] = []
+        # sync markers published and not yet read back: token -> (loop, future)
+        self._markers: dict[str, tuple[asyncio.AbstractEventLoop, asyncio.Future[None]]] = {}
 
     async def open(self) -> None:
         """Open the producer and the reader (once for all users) and read the log up to now."""
@@ -208,10 +219,8 @@ class StateLog:
             self._producer = await asyncio.to_thread(
                 client.create_producer,
                 self._topics.state,
-                # state records of concurrent actions share one stored entry (readers only: no
-                # consumer acknowledges single records, so batches are harmless here)
-                batching_enabled=True,
-                batching_max_publish_delay_ms=STATE_BATCH_DELAY_MS,
+                # records are gathered per event-loop turn by publish_event (one message each)
+                batching_enabled=False,
                 block_if_queue_full=True,
             )
             self._reader = await self._create_reader(pulsar.MessageId.earliest)
@@ -257,8 +266,31 @@ class StateLog:
 
     def _apply(self, msg: Any) -> None:
         props = msg.properties()
-        event = props.get("eb-event", "snapshot")
-        aid = msg.partition_key()
+        event = props.get("eb-event", "batch")
+        if event == "batch":
+            records = json.loads(msg.data())
+            if not isinstance(records, list):
+                raise ActionError("a state-log message must be a JSON array of records")
+            for rec in records:
+                try:
+                    self._apply_record(str(rec["k"]), str(rec["e"]), rec.get("d"))
+                except (ActionError, KeyError, TypeError, ValueError) as err:
+                    _log.warning("ignored a malformed state record: %s", err)
+        else:  # one record per message (embodied_bus before 2026-12-03)
+            data = msg.data()
+            self._apply_record(msg.partition_key(), event, json.loads(data) if data else None)
+
+    def _apply_record(self, aid: str, event: str, data: Any) -> None:
+        """Apply one record (``data``: the parsed snapshot, purge list, marker token or None)."""
+        if event == "sync":
+            waiter = self._markers.pop(str(data), None)
+            if waiter is not None:
+                loop, fut = waiter
+                try:
+                    loop.call_soon_threadsafe(resolve_none, fut)
+                except RuntimeError:  # the loop is closed: nobody waits any more
+                    pass
+            return
         with self._lock:
             old = self.actions.get(aid)
             if event == "cancel":
@@ -267,13 +299,13 @@ class StateLog:
                 elif not old.status.terminal:
                     old.cancel_requested = True
             elif event == "purge":
-                for dead in json.loads(msg.data()):
+                for dead in data:
                     a = self.actions.get(dead)
                     if a is not None and a.status is ActionStatus.DEAD:
                         del self.actions[dead]
             else:
                 try:
-                    new = decode_action(msg.data())
+                    new = action_from_dict(data, check_payload=False)
                 except ActionError as err:
                     _log.warning("ignored a malformed state record %s: %s", aid, err)
                     return
@@ -308,16 +340,16 @@ class StateLog:
 
     async def sync(self, timeout_s: float = 10.0, *, since_mono: float | None = None) -> None:
         """Wait until every state record published before this call (or before ``since_mono``,
-        a ``time.monotonic()`` value) is applied: the reader has read up to the topic's last
-        message id, asked from the broker. Concurrent callers share one round of asking: a
-        round begun after the moment a caller needs is enough for it.
+        a ``time.monotonic()`` value) is applied: a marker record published after it has been
+        read back (the log is one ordered topic). Concurrent callers share one round: a round
+        begun after the moment a caller needs is enough for it.
 
         Raises:
             BusConnectionError: The state log did not catch up within ``timeout_s``.
         """
         need = time.monotonic() if since_mono is None else since_mono
         if self._synced_at >= need:
-            return  # a round of asking the broker began since
+            return  # a round began since
         task = self._sync_task
         if task is None or task.done() or self._sync_started < need:
             started = time.monotonic()
@@ -332,44 +364,47 @@ class StateLog:
         await asyncio.shield(task)
 
     async def _sync_round(self, timeout_s: float) -> None:
+        """Publish a marker and wait until the reader applies it; a reader that does not answer
+        within :data:`REOPEN_AFTER_S` is replaced (the new one resumes after the last record
+        applied, so it reads the marker too); a marker Pulsar did not take is published again."""
         loop = asyncio.get_running_loop()
         deadline = loop.time() + timeout_s
-        failing_since: float | None = None
         while True:
-            reader = self._reader
+            token = uuid.uuid4().hex
+            seen: asyncio.Future[None] = loop.create_future()
+            self._markers[token] = (loop, seen)
             try:
-                if reader is None:
-                    raise pulsar.PulsarException("no state log reader")
-                behind = await call_bounded(
-                    reader.has_message_available,
-                    max(0.1, min(REOPEN_AFTER_S, deadline - loop.time())),
-                    name="eb-state-log-probe",
-                )
-                failing_since = None
-            except (pulsar.PulsarException, TimeoutError) as err:
-                behind = True
-                now = loop.time()
-                if now > deadline:
-                    raise _to_thread_error("reading the state log", err) from err
-                failing_since = failing_since if failing_since is not None else now
-                if now - failing_since >= REOPEN_AFTER_S or isinstance(err, pulsar.AlreadyClosed):
-                    await self._reopen()
-                    failing_since = None
-                else:
-                    await asyncio.sleep(0.05)
-            if not behind:
-                with self._lock:  # a record being applied right now finishes first
-                    return
-            if loop.time() > deadline:
-                raise BusConnectionError(
-                    f"the Pulsar action state log did not catch up within {timeout_s:g} s"
-                )
-            await asyncio.sleep(0.001)
+                persisted = self._enqueue_record("", "sync", json.dumps(token).encode())
+                await asyncio.wait_for(persisted, max(0.01, deadline - loop.time()))
+                while True:
+                    wait_s = min(REOPEN_AFTER_S, deadline - loop.time())
+                    try:
+                        await asyncio.wait_for(asyncio.shield(seen), max(0.01, wait_s))
+                        with self._lock:  # a record being applied right now finishes first
+                            return
+                    except TimeoutError:
+                        if loop.time() >= deadline:
+                            raise
+                        await self._reopen()
+            except (BusConnectionError, pulsar.PulsarException, TimeoutError) as err:
+                if loop.time() >= deadline:
+                    raise BusConnectionError(
+                        f"the Pulsar action state log did not catch up within {timeout_s:g} s: {err}"
+                    ) from err
+                await asyncio.sleep(0.05)
+            finally:
+                self._markers.pop(token, None)
 
     def get(self, action_id: str) -> Action | None:
         with self._lock:
             a = self.actions.get(action_id)
             return None if a is None or a.kind == "unknown" else _copy(a)
+
+    def ended(self, action_ids: list[str]) -> list[Action]:
+        """Copies of those of ``action_ids`` that have ended (the others are not copied)."""
+        with self._lock:
+            found = (self.actions.get(i) for i in action_ids)
+            return [_copy(a) for a in found if a is not None and a.kind != "unknown" and a.status.terminal]
 
     def snapshot(self) -> list[Action]:
         with self._lock:
@@ -381,8 +416,31 @@ class StateLog:
         await self.publish_event(action.id, event, encode_action(action) if encoded is None else encoded)
 
     async def publish_event(self, action_id: str, event: str, data: bytes = b"") -> None:
-        """Append a record (persisted when this returns)."""
-        await _send(self._producer, data, partition_key=action_id, properties={"eb-event": event})
+        """Append a record (persisted when this returns); ``data`` is JSON (or empty)."""
+        await self._enqueue_record(action_id, event, data)
+
+    def _enqueue_record(self, action_id: str, event: str, data: bytes) -> asyncio.Future[None]:
+        """Add a record to this event-loop turn's message; the future completes when the
+        message is persisted (or fails with :class:`BusConnectionError`)."""
+        loop = asyncio.get_running_loop()
+        if not self._pending:
+            loop.call_soon(self._flush)
+        self._pending.append(
+            b'{"k":%s,"e":"%s","d":%s}' % (json.dumps(action_id).encode(), event.encode(), data or b"null")
+        )
+        fut: asyncio.Future[None] = loop.create_future()
+        self._pending_futs.append(fut)
+        if len(self._pending) >= STATE_BATCH_MAX_RECORDS:
+            self._flush()
+        return fut
+
+    def _flush(self) -> None:
+        records, futs = self._pending, self._pending_futs
+        if not records:
+            return
+        self._pending, self._pending_futs = [], []
+        data = b"[" + b",".join(records) + b"]"
+        _send_settling(self._producer, data, futs, properties={"eb-event": "batch"})
 
     async def close(self) -> None:
         for h in (self._reader, self._producer):
@@ -396,25 +454,38 @@ def _copy(a: Action) -> Action:
 
 async def _send(producer: Any, data: bytes, **kwargs: Any) -> None:
     """Send and wait for the broker's acknowledgement without blocking the event loop."""
-    loop = asyncio.get_running_loop()
-    fut: asyncio.Future[None] = loop.create_future()
+    fut: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+    _send_settling(producer, data, [fut], **kwargs)
+    await fut
 
-    def sent(result: Any, _msg_id: Any) -> None:
-        def settle() -> None:
+
+def _send_settling(producer: Any, data: bytes, futs: list[asyncio.Future[None]], **kwargs: Any) -> None:
+    """Send; complete ``futs`` (of the running loop) when the broker has persisted the message,
+    or fail them with :class:`BusConnectionError`."""
+    loop = asyncio.get_running_loop()
+
+    def settle(error: BusConnectionError | None) -> None:
+        for fut in futs:
             if fut.done():
-                return
-            if result == pulsar.Result.Ok:
+                continue
+            if error is None:
                 fut.set_result(None)
             else:
-                fut.set_exception(BusConnectionError(f"Pulsar did not persist an action message: {result}"))
+                fut.set_exception(error)
 
+    def sent(result: Any, _msg_id: Any) -> None:  # client thread
+        error = None
+        if result != pulsar.Result.Ok:
+            error = BusConnectionError(f"Pulsar did not persist an action message: {result}")
         try:
-            loop.call_soon_threadsafe(settle)
+            loop.call_soon_threadsafe(settle, error)
         except RuntimeError:  # the loop is closed: nobody waits any more (never raise into C++)
             pass
 
-    producer.send_async(data, sent, **kwargs)
-    await fut
+    try:
+        producer.send_async(data, sent, **kwargs)
+    except pulsar.PulsarException as err:
+        settle(BusConnectionError(f"Pulsar did not take an action message: {err}"))
 
 
 class _Producers:
@@ -479,15 +550,17 @@ class PulsarActionQueue:
         self._kind_lock = asyncio.Lock()
         self._start_lock = asyncio.Lock()
         self._reply_consumer: Any = None
-        self._listeners: dict[str, list[Callable[[str, bytes], None]]] = {}
-        self._result_listener: Callable[[str, bytes], None] | None = None
+        self._listeners: dict[str, list[Callable[[str, Any], None]]] = {}
+        self._result_listener: Callable[[list[tuple[str, Any]]], None] | None = None
+        self._replies: dict[str, list[bytes]] = {}  # reply topic -> replies of this loop turn
         self._wake_callbacks: list[Callable[[], None]] = []
         # executor side
         self._consumers: dict[int, Any] = {}
         self._ready: list[tuple[int, int, Any]] = []  # (-priority, seq, message)
         self._ready_lock = threading.Lock()
         self._taken = threading.Condition(self._ready_lock)
-        self._waiting: set[int] = set()  # levels with a received message not yet leased
+        self._waiting: dict[int, int] = {}  # level -> received messages not yet taken
+        self._wanted = 0  # free slots the executor had left at its last take
         self._held: dict[str, tuple[Any, Action, str, Any]] = {}  # id -> (msg, action, reply, consumer)
         self._seq = 0
         self._pull_threads: list[threading.Thread] = []
@@ -626,8 +699,8 @@ class PulsarActionQueue:
 
     async def _op_get_many(self, req: dict[str, Any]) -> dict[str, Any]:
         await self.state.sync()
-        found = (self.state.get(str(i)) for i in req["ids"])
-        return {"done": [json.loads(encode_action(a)) for a in found if a is not None and a.status.terminal]}
+        ended = self.state.ended([str(i) for i in req["ids"]])
+        return {"done": [json.loads(encode_action(a)) for a in ended]}
 
     async def _op_cancel(self, req: dict[str, Any]) -> dict[str, Any]:
         aid = str(req["id"])
@@ -643,7 +716,7 @@ class PulsarActionQueue:
             a.status = ActionStatus.CANCELED
             await self.state.publish(a)
             if self._result_listener is not None:
-                self._result_listener(f"actions/result/{aid}", encode_action(a))
+                self._result_listener([(aid, action_to_dict(a))])
         return {"action": json.loads(encode_action(a)) if a else None}
 
     async def _op_backlog(self, _req: dict[str, Any]) -> dict[str, Any]:
@@ -710,15 +783,17 @@ class PulsarActionQueue:
             c.close()
 
     # ------------------------------------------------------------------ replies (planner side)
-    async def listen_results(self, callback: Callable[[str, bytes], None]) -> None:
-        """Results of this planner's actions: ``callback(action_id, envelope)`` on a client thread."""
+    async def listen_results(self, callback: Callable[[list[tuple[str, Any]]], None]) -> None:
+        """Results of this planner's actions: ``callback([(action_id, parsed envelope), ...])``
+        on a receiving thread, once per reply message."""
         self._result_listener = callback
         await self._open_replies()
 
     async def listen_feedback(
-        self, action_id: str, callback: Callable[[str, bytes], None]
+        self, action_id: str, callback: Callable[[str, Any], None]
     ) -> Callable[[], None]:
-        """Feedback and result of one action; returns a function that stops listening."""
+        """Feedback and result of one action: ``callback(topic, parsed JSON)`` with topic
+        ``actions/fb/<id>`` or ``actions/result/<id>``; returns a function that stops listening."""
         self._listeners.setdefault(action_id, []).append(callback)
         await self._open_replies()
 
@@ -738,12 +813,18 @@ class PulsarActionQueue:
 
         def on_reply(msg: Any) -> None:
             props = msg.properties()
-            aid, event = props.get("eb-id", ""), props.get("eb-event", "")
-            topic = f"actions/{'result' if event == 'result' else 'fb'}/{aid}"
-            if event == "result" and self._result_listener is not None:
-                self._result_listener(topic, msg.data())
-            for cb in list(self._listeners.get(aid, [])):
-                cb(topic, msg.data())
+            if props.get("eb-event", "batch") == "batch":
+                records = [(str(r["k"]), str(r["e"]), r.get("d")) for r in json.loads(msg.data())]
+            else:  # one reply per message (embodied_bus before 2026-12-03)
+                records = [(props.get("eb-id", ""), props.get("eb-event", ""), json.loads(msg.data()))]
+            results = [(aid, data) for aid, event, data in records if event == "result"]
+            if results and self._result_listener is not None:
+                self._result_listener(results)
+            if self._listeners:
+                for aid, event, data in records:
+                    topic = f"actions/{'result' if event == 'result' else 'fb'}/{aid}"
+                    for cb in list(self._listeners.get(aid, [])):
+                        cb(topic, data)
 
         def receive(consumer: Any) -> None:
             # A plain thread that stops with the queue (closed before the bus): no client thread
@@ -780,13 +861,28 @@ class PulsarActionQueue:
             raise _to_thread_error("opening the reply topic", err) from err
 
     async def _reply(self, reply_to: str, action_id: str, event: str, data: bytes) -> None:
+        """Send a reply (``data``: JSON) to a planner; the replies to one planner in one turn of
+        the event loop go out as one message (a JSON array, as on the state log)."""
         if not reply_to:
+            return
+        pending = self._replies.get(reply_to)
+        if pending is None:
+            pending = self._replies[reply_to] = []
+            asyncio.get_running_loop().call_soon(
+                lambda: asyncio.ensure_future(self._send_replies(reply_to))
+            )
+        pending.append(b'{"k":%s,"e":"%s","d":%s}' % (json.dumps(action_id).encode(), event.encode(), data))
+
+    async def _send_replies(self, reply_to: str) -> None:
+        records = self._replies.pop(reply_to, [])
+        if not records:
             return
         try:
             producer = await self._reply_producers.get(reply_to)
-            producer.send_async(data, None, properties={"eb-id": action_id, "eb-event": event})
+            data = b"[" + b",".join(records) + b"]"
+            producer.send_async(data, None, properties={"eb-event": "batch"})
         except (BusConnectionError, pulsar.PulsarException) as err:  # the planner's reply topic is gone
-            _log.debug("reply to %s not sent: %s", reply_to, err)
+            _log.debug("%d replies to %s not sent: %s", len(records), reply_to, err)
 
     async def feedback(self, action_id: str, data: bytes) -> None:
         """Executor side: send feedback to the planner that submitted ``action_id``."""
@@ -832,15 +928,20 @@ class PulsarActionQueue:
             t.start()
 
     def _pull(self, priority: int, consumer: Any) -> None:
-        """One thread per level: receive one message and wait until the executor leases it.
+        """One thread per level: receive messages while the executor has free slots for more
+        than are already received, else hold one per level until the executor takes it.
 
-        With a receiver queue of 1 an executor holds at most two messages per level that it has
-        not started (one here, one prefetched), so a backlog stays with the broker, which hands
-        it to whichever executor asks next; the executor leases the highest level first.
+        With a receiver queue of 1, a busy executor holds at most two messages per level that it
+        has not started (one here, one prefetched), so a backlog stays with the broker, which
+        hands it to whichever executor asks next; the executor takes the highest level first.
         """
         while not self._stop.is_set():
             with self._taken:
-                while priority in self._waiting and not self._stop.is_set():
+                while (
+                    self._waiting.get(priority, 0) > 0
+                    and len(self._ready) >= self._wanted
+                    and not self._stop.is_set()
+                ):
                     self._taken.wait(0.5)
             if self._stop.is_set():
                 return
@@ -857,7 +958,7 @@ class PulsarActionQueue:
             with self._taken:
                 self._seq += 1
                 heapq.heappush(self._ready, (-priority, self._seq, (consumer, msg, time.monotonic())))
-                self._waiting.add(priority)
+                self._waiting[priority] = self._waiting.get(priority, 0) + 1
             for cb in self._wake_callbacks:
                 cb()
 
@@ -872,9 +973,10 @@ class PulsarActionQueue:
         with self._taken:
             while self._ready and len(out) < limit:
                 neg_priority, _, item = heapq.heappop(self._ready)
-                self._waiting.discard(-neg_priority)
+                self._waiting[-neg_priority] -= 1
                 out.append(item)
-            if out:
+            wanted, self._wanted = self._wanted, limit - len(out)
+            if out or self._wanted > wanted:
                 self._taken.notify_all()
         return out
 
