@@ -50,6 +50,7 @@ go out as one message, so under load one broker write carries many state changes
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import heapq
 import json
 import logging
@@ -58,7 +59,7 @@ import time
 import uuid
 import weakref
 from collections import OrderedDict, deque
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, replace
 from datetime import timedelta
 from typing import Any
@@ -400,6 +401,19 @@ class StateLog:
             a = self.actions.get(action_id)
             return None if a is None or a.kind == "unknown" else _copy(a)
 
+    @contextlib.contextmanager
+    def peek(self, action_id: str) -> Iterator[Action | None]:
+        """The view's own record of an action (not a copy: read it inside the block only)."""
+        with self._lock:
+            a = self.actions.get(action_id)
+            yield None if a is None or a.kind == "unknown" else a
+
+    def cancel_requested(self, action_id: str) -> bool:
+        """Whether a cancel of the action is on the log (no copy made)."""
+        with self._lock:
+            a = self.actions.get(action_id)
+            return bool(a is not None and a.cancel_requested)
+
     def ended(self, action_ids: list[str]) -> list[Action]:
         """Copies of those of ``action_ids`` that have ended (the others are not copied)."""
         with self._lock:
@@ -645,7 +659,7 @@ class PulsarActionQueue:
         return {"ok": True, **out}
 
     async def _op_submit(self, req: dict[str, Any]) -> dict[str, Any]:
-        actions = [decode_action(json.dumps(env)) for env in req["actions"]]
+        actions = [action_from_dict(env) for env in req["actions"]]
         if any(a.idempotency_key for a in actions):
             await self.state.sync()
         out = []
@@ -1037,16 +1051,24 @@ class PulsarActionQueue:
             # consumer's deliveries): read the state log up to its receipt before deciding
             # (one round of asking the broker serves every message received before it began).
             await self.state.sync(since_mono=received_mono)
-        view = self.state.get(env.id)
         now = time.time_ns()
-        if view is not None and view.status.terminal and view.budget_from >= env.budget_from:
+        with self.state.peek(env.id) as view:  # not copied unless it is what runs
+            if view is not None and view.status.terminal and view.budget_from >= env.budget_from:
+                settled = True
+            else:
+                settled = False
+                newer = view is not None and (view.budget_from, len(view.attempts)) > (
+                    env.budget_from,
+                    len(env.attempts),
+                )
+                if view is not None and newer:
+                    a = _copy(view)  # a redelivery: the state log knows more (attempts, checkpoint)
+                else:
+                    a = env  # the message is at least as new as this executor's view
+                    a.cancel_requested = a.cancel_requested or bool(view and view.cancel_requested)
+        if settled:
             consumer.acknowledge(msg)  # already settled (a duplicate delivery, or canceled)
             return None
-        if view is not None and (view.budget_from, len(view.attempts)) > (env.budget_from, len(env.attempts)):
-            a = view  # a redelivery: the state log knows more (attempts, checkpoint)
-        else:
-            a = env  # the message is at least as new as this executor's view
-            a.cancel_requested = a.cancel_requested or bool(view and view.cancel_requested)
         if a.kind not in kinds or not all(labels.get(k) == v for k, v in a.selector.items()):
             consumer.negative_acknowledge(msg)  # another executor serves this kind or selector
             return None
@@ -1076,8 +1098,11 @@ class PulsarActionQueue:
             await self._settle(a, msg, consumer, reply_to)
             return None
         tried = a.executors_tried()
-        fresh = set(self.live_executors(a.kind)) - tried - {executor}
-        if executor in tried and fresh and self._handbacks.get(a.id, 0) < MAX_HANDBACKS:
+        if (
+            executor in tried
+            and self._handbacks.get(a.id, 0) < MAX_HANDBACKS
+            and set(self.live_executors(a.kind)) - tried - {executor}  # asked only when it matters
+        ):
             if len(self._handbacks) > 10_000:  # actions handed back and then run elsewhere
                 self._handbacks.clear()
             self._handbacks[a.id] = self._handbacks.get(a.id, 0) + 1
@@ -1113,8 +1138,7 @@ class PulsarActionQueue:
 
     async def _op_extend(self, req: dict[str, Any]) -> dict[str, Any]:
         a = self._holding(req)[1]  # Pulsar holds the message while the consumer lives
-        current = self.state.get(a.id)
-        return {"cancel_requested": bool(current and current.cancel_requested)}
+        return {"cancel_requested": self.state.cancel_requested(a.id)}
 
     async def _op_checkpoint(self, req: dict[str, Any]) -> dict[str, Any]:
         a = self._holding(req)[1]
@@ -1126,8 +1150,7 @@ class PulsarActionQueue:
         msg, a, reply_to, consumer = self._holding(req)
         now = time.time_ns()
         a.attempts[-1] = replace(a.attempts[-1], ended_ns=now, outcome="ok")
-        current = self.state.get(a.id)
-        cancelled = bool(current and current.cancel_requested)
+        cancelled = self.state.cancel_requested(a.id)
         result = req.get("result")
         a.status = ActionStatus.CANCELED if cancelled and result is None else ActionStatus.SUCCEEDED
         a.result = result
@@ -1156,9 +1179,8 @@ class PulsarActionQueue:
             outcome="rejected" if permanent else "nack",
             reason=str(req.get("reason", "")),
         )
-        current = self.state.get(a.id)
         try:
-            if current is not None and current.cancel_requested:
+            if self.state.cancel_requested(a.id):
                 a.status = ActionStatus.CANCELED
                 await self._settle(a, msg, consumer, reply_to)
             elif permanent or self.policy.exhausted(a.attempt_count - a.budget_from):
