@@ -196,7 +196,9 @@ async def test_an_urgent_action_overtakes_queued_routine_ones(rig: Rig) -> None:
     await rig.executor("ex1", navigate_to=work, e_stop=work)
     await urgent.result(timeout_s=10)
     assert order[0] == "e_stop"
-    await routine[-1].result(timeout_s=20)
+    # one priority level is not a FIFO: a Shared subscription may redeliver a few messages
+    # after later ones (all 30 run, in whatever order)
+    await asyncio.gather(*(h.result(timeout_s=20) for h in routine))
     assert order.count("navigate_to") == 30
 
 
@@ -310,6 +312,10 @@ async def test_a_dead_letter_is_requeued_with_a_fresh_budget_then_purged(rig: Ri
     assert reply["purged"] == 1 and await rig.planner.dead_letters() == []
 
 
+# On Pulsar the broker dispatches the e-stop (its own topic) tens of ms late about once in ten
+# runs on a loaded 2-core machine, and the routine actions it should overtake take ~10 ms each;
+# broken priorities fail every run.
+@pytest.mark.flaky(reruns=1)
 async def test_an_urgent_action_is_dispatched_before_a_backlog_that_waits_behind_running_work(
     rig: Rig,
 ) -> None:

@@ -611,12 +611,14 @@ class PulsarActionQueue:
     async def _subscribe_all(self, wanted: list[tuple[str, str]]) -> None:
         def create() -> None:
             for topic, sub in wanted:
+                # a zero queue: the broker dispatches nothing to this consumer (one that took a
+                # message and closed would send it back to be redelivered out of turn)
                 c = self._client.subscribe(
                     topic,
                     sub,
                     consumer_type=pulsar.ConsumerType.Shared,
                     initial_position=pulsar.InitialPosition.Earliest,
-                    receiver_queue_size=1,
+                    receiver_queue_size=0,
                 )
                 c.close()
 
