@@ -44,7 +44,10 @@ durable subscription (``eb-state-keeper``) keeps it from being deleted, and the 
 retention policy bounds it. A state-log message is a JSON array of records
 ``{"k": action id, "e": event, "d": snapshot or null}`` (event ``snapshot``, ``requeue``,
 ``cancel``, ``purge`` or ``sync``): the records written in one turn of a process's event loop
-go out as one message, so under load one broker write carries many state changes.
+go out as one message, so under load one broker write carries many state changes. Views also
+read the one-record-per-message layout written before 2026-12-03 (property ``eb-event`` = the
+event, key = the action id); views from before then do not read arrays, so the planners and
+executors of one namespace are upgraded together.
 """
 
 from __future__ import annotations
