@@ -551,6 +551,34 @@ async def test_pulsar_state_records_of_one_loop_turn_share_one_message_and_read_
     assert any({a.id for a in actions} <= ids for ids in found), found  # not 20 broker writes
 
 
+def test_records_are_split_into_runs_under_the_message_limits() -> None:
+    from embodied_bus.actions.pulsar_queue import STATE_BATCH_MAX_BYTES, STATE_BATCH_MAX_RECORDS, _chunks
+
+    big = b"x" * (STATE_BATCH_MAX_BYTES // 3 + 1)
+    assert [len(c) for c in _chunks([big] * 7)] == [2, 2, 2, 1]
+    huge = b"y" * (STATE_BATCH_MAX_BYTES + 1)
+    assert _chunks([b"a", huge, b"b"]) == [[b"a"], [huge], [b"b"]]  # too large for any run: alone
+    small = [b"s"] * (2 * STATE_BATCH_MAX_RECORDS + 1)
+    assert [len(c) for c in _chunks(small)] == [STATE_BATCH_MAX_RECORDS, STATE_BATCH_MAX_RECORDS, 1]
+    assert b"".join(b"".join(c) for c in _chunks(small)) == b"".join(small)  # order kept
+    assert _chunks([]) == []
+
+
+async def test_a_burst_of_large_actions_and_results_fits_pulsar_message_limits(rig: Rig) -> None:
+    """30 actions of 200 KiB and their 200 KiB results in one burst: records and replies of one
+    loop turn share messages, but never past the broker's 5 MB message limit."""
+
+    async def echo(action: Action, ctx):  # type: ignore[no-untyped-def]
+        return action.payload
+
+    await rig.executor("ex1", pick=echo)
+    blob = "x" * (200 * 1024)
+    handles = await rig.planner.submit_many([Action("pick", {"i": i, "blob": blob}) for i in range(30)])
+    done = await asyncio.gather(*(h.result(timeout_s=60) for h in handles))
+    assert [d.status for d in done] == [ActionStatus.SUCCEEDED] * 30
+    assert sorted(d.result["i"] for d in done) == list(range(30))
+
+
 async def test_a_pulsar_state_log_skips_malformed_records_and_reads_on(rig: Rig) -> None:
     if rig.engine != "pulsar":
         pytest.skip("the state log belongs to the Pulsar backend")

@@ -112,8 +112,11 @@ MAX_HANDBACKS = 20
 #: A message older than this is checked against the state log before it starts, seconds (a
 #: younger one was published moments ago; the log is followed continuously anyway).
 SYNC_AFTER_S = 1.0
-#: Most records in one state-log message (more records in one event-loop turn go out in several).
+#: Most records in one state-log or reply message (more in one event-loop turn go out in several).
 STATE_BATCH_MAX_RECORDS = 500
+#: Most bytes of records gathered into one state-log or reply message (a larger record goes
+#: alone), well under Pulsar's default message size limit (``maxMessageSize``, 5 MiB).
+STATE_BATCH_MAX_BYTES = 1 << 20
 #: A state-log reader that has not answered for this long is replaced, seconds.
 REOPEN_AFTER_S = 3.0
 #: Ended actions a state-log view keeps in memory (a planner asks about older ones in vain).
@@ -206,6 +209,7 @@ class StateLog:
         self.reopened = 0
         # records of the current event-loop turn, sent together by _flush
         self._pending: list[bytes] = []
+        self._pending_bytes = 0
         self._pending_futs: list[asyncio.Future[None]] = []
         # sync markers published and not yet read back: token -> (loop, future)
         self._markers: dict[str, tuple[asyncio.AbstractEventLoop, asyncio.Future[None]]] = {}
@@ -440,11 +444,13 @@ class StateLog:
         """Add a record to this event-loop turn's message; the future completes when the
         message is persisted (or fails with :class:`BusConnectionError`)."""
         loop = asyncio.get_running_loop()
+        record = _record(action_id, event, data or b"null")
+        if self._pending and self._pending_bytes + len(record) > STATE_BATCH_MAX_BYTES:
+            self._flush()
         if not self._pending:
             loop.call_soon(self._flush)
-        self._pending.append(
-            b'{"k":%s,"e":"%s","d":%s}' % (json.dumps(action_id).encode(), event.encode(), data or b"null")
-        )
+        self._pending.append(record)
+        self._pending_bytes += len(record)
         fut: asyncio.Future[None] = loop.create_future()
         self._pending_futs.append(fut)
         if len(self._pending) >= STATE_BATCH_MAX_RECORDS:
@@ -455,7 +461,7 @@ class StateLog:
         records, futs = self._pending, self._pending_futs
         if not records:
             return
-        self._pending, self._pending_futs = [], []
+        self._pending, self._pending_futs, self._pending_bytes = [], [], 0
         data = b"[" + b",".join(records) + b"]"
         _send_settling(self._producer, data, futs, properties={"eb-event": "batch"})
 
@@ -463,6 +469,28 @@ class StateLog:
         for h in (self._reader, self._producer):
             if h is not None:
                 await close_handle(h)
+
+
+def _record(key: str, event: str, data: bytes) -> bytes:
+    """One record of a state-log or reply message (``data``: JSON)."""
+    return b'{"k":%s,"e":"%s","d":%s}' % (json.dumps(key).encode(), event.encode(), data)
+
+
+def _chunks(records: list[bytes]) -> list[list[bytes]]:
+    """Split records into message-sized runs (:data:`STATE_BATCH_MAX_RECORDS` and
+    :data:`STATE_BATCH_MAX_BYTES`; a record larger than the byte limit goes alone)."""
+    out: list[list[bytes]] = []
+    run: list[bytes] = []
+    size = 0
+    for rec in records:
+        if run and (size + len(rec) > STATE_BATCH_MAX_BYTES or len(run) >= STATE_BATCH_MAX_RECORDS):
+            out.append(run)
+            run, size = [], 0
+        run.append(rec)
+        size += len(rec)
+    if run:
+        out.append(run)
+    return out
 
 
 def _copy(a: Action) -> Action:
@@ -890,7 +918,7 @@ class PulsarActionQueue:
             asyncio.get_running_loop().call_soon(
                 lambda: asyncio.ensure_future(self._send_replies(reply_to))
             )
-        pending.append(b'{"k":%s,"e":"%s","d":%s}' % (json.dumps(action_id).encode(), event.encode(), data))
+        pending.append(_record(action_id, event, data))
 
     async def _send_replies(self, reply_to: str) -> None:
         records = self._replies.pop(reply_to, [])
@@ -898,8 +926,8 @@ class PulsarActionQueue:
             return
         try:
             producer = await self._reply_producers.get(reply_to)
-            data = b"[" + b",".join(records) + b"]"
-            producer.send_async(data, None, properties={"eb-event": "batch"})
+            for chunk in _chunks(records):
+                producer.send_async(b"[" + b",".join(chunk) + b"]", None, properties={"eb-event": "batch"})
         except (BusConnectionError, pulsar.PulsarException) as err:  # the planner's reply topic is gone
             _log.debug("%d replies to %s not sent: %s", len(records), reply_to, err)
 
