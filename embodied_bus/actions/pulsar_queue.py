@@ -1082,7 +1082,7 @@ class PulsarActionQueue:
         if msg.redelivery_count() > 0 or age_s > SYNC_AFTER_S:
             # An earlier delivery may have started it (Pulsar does not count a crashed
             # consumer's deliveries): read the state log up to its receipt before deciding
-            # (one round of asking the broker serves every message received before it began).
+            # (one marker round serves every message received before it began).
             await self.state.sync(since_mono=received_mono)
         now = time.time_ns()
         with self.state.peek(env.id) as view:  # not copied unless it is what runs
