@@ -209,7 +209,6 @@ class StateLog:
         self.reopened = 0
         # records of the current event-loop turn, sent together by _flush
         self._pending: list[bytes] = []
-        self._pending_bytes = 0
         self._pending_futs: list[asyncio.Future[None]] = []
         # sync markers published and not yet read back: token -> (loop, future)
         self._markers: dict[str, tuple[asyncio.AbstractEventLoop, asyncio.Future[None]]] = {}
@@ -276,17 +275,15 @@ class StateLog:
         props = msg.properties()
         event = props.get("eb-event", "batch")
         if event == "batch":
-            records = json.loads(msg.data())
-            if not isinstance(records, list):
-                raise ActionError("a state-log message must be a JSON array of records")
-            for rec in records:
-                try:
-                    self._apply_record(str(rec["k"]), str(rec["e"]), rec.get("d"))
-                except (ActionError, KeyError, TypeError, ValueError) as err:
-                    _log.warning("ignored a malformed state record: %s", err)
+            records = _parse_records(msg.data())
         else:  # one record per message (embodied_bus before 2026-12-03)
             data = msg.data()
-            self._apply_record(msg.partition_key(), event, json.loads(data) if data else None)
+            records = [(msg.partition_key(), event, json.loads(data) if data else None)]
+        for aid, ev, value in records:
+            try:
+                self._apply_record(aid, ev, value)
+            except (ActionError, TypeError, ValueError) as err:
+                _log.warning("ignored a malformed state record: %s", err)
 
     def _apply_record(self, aid: str, event: str, data: Any) -> None:
         """Apply one record (``data``: the parsed snapshot, purge list, marker token or None)."""
@@ -444,26 +441,22 @@ class StateLog:
         """Add a record to this event-loop turn's message; the future completes when the
         message is persisted (or fails with :class:`BusConnectionError`)."""
         loop = asyncio.get_running_loop()
-        record = _record(action_id, event, data or b"null")
-        if self._pending and self._pending_bytes + len(record) > STATE_BATCH_MAX_BYTES:
-            self._flush()
         if not self._pending:
             loop.call_soon(self._flush)
-        self._pending.append(record)
-        self._pending_bytes += len(record)
+        self._pending.append(_record(action_id, event, data or b"null"))
         fut: asyncio.Future[None] = loop.create_future()
         self._pending_futs.append(fut)
-        if len(self._pending) >= STATE_BATCH_MAX_RECORDS:
-            self._flush()
         return fut
 
     def _flush(self) -> None:
         records, futs = self._pending, self._pending_futs
-        if not records:
-            return
-        self._pending, self._pending_futs, self._pending_bytes = [], [], 0
-        data = b"[" + b",".join(records) + b"]"
-        _send_settling(self._producer, data, futs, properties={"eb-event": "batch"})
+        self._pending, self._pending_futs = [], []
+        start = 0
+        for chunk in _chunks(records):
+            end = start + len(chunk)
+            data = b"[" + b",".join(chunk) + b"]"
+            _send_settling(self._producer, data, futs[start:end], properties={"eb-event": "batch"})
+            start = end
 
     async def close(self) -> None:
         for h in (self._reader, self._producer):
@@ -474,6 +467,26 @@ class StateLog:
 def _record(key: str, event: str, data: bytes) -> bytes:
     """One record of a state-log or reply message (``data``: JSON)."""
     return b'{"k":%s,"e":"%s","d":%s}' % (json.dumps(key).encode(), event.encode(), data)
+
+
+def _parse_records(data: bytes) -> list[tuple[str, str, Any]]:
+    """The ``(key, event, data)`` records of a state-log or reply message; a malformed record is
+    logged and skipped.
+
+    Raises:
+        ActionError: The message is not a JSON array.
+        ValueError: The message is not JSON.
+    """
+    items = json.loads(data)
+    if not isinstance(items, list):
+        raise ActionError("a state-log or reply message must be a JSON array of records")
+    out = []
+    for rec in items:
+        try:
+            out.append((str(rec["k"]), str(rec["e"]), rec.get("d")))
+        except (KeyError, TypeError, AttributeError) as err:
+            _log.warning("ignored a malformed record %.80r: %s", rec, err)
+    return out
 
 
 def _chunks(records: list[bytes]) -> list[list[bytes]]:
@@ -598,14 +611,14 @@ class PulsarActionQueue:
         self._listeners: dict[str, list[Callable[[str, Any], None]]] = {}
         self._result_listener: Callable[[list[tuple[str, Any]]], None] | None = None
         self._replies: dict[str, list[bytes]] = {}  # reply topic -> replies of this loop turn
+        self._sending: set[asyncio.Future[None]] = set()
         self._wake_callbacks: list[Callable[[], None]] = []
         # executor side
         self._consumers: dict[int, Any] = {}
         self._ready: list[tuple[int, int, Any]] = []  # (-priority, seq, message)
         self._ready_lock = threading.Lock()
         self._taken = threading.Condition(self._ready_lock)
-        self._waiting: dict[int, int] = {}  # level -> received messages not yet taken
-        self._wanted = 0  # free slots the executor had left at its last take
+        self._waiting: set[int] = set()  # levels with a received message not yet leased
         self._held: dict[str, tuple[Any, Action, str, Any]] = {}  # id -> (msg, action, reply, consumer)
         self._seq = 0
         self._pull_threads: list[threading.Thread] = []
@@ -861,7 +874,7 @@ class PulsarActionQueue:
         def on_reply(msg: Any) -> None:
             props = msg.properties()
             if props.get("eb-event", "batch") == "batch":
-                records = [(str(r["k"]), str(r["e"]), r.get("d")) for r in json.loads(msg.data())]
+                records = _parse_records(msg.data())
             else:  # one reply per message (embodied_bus before 2026-12-03)
                 records = [(props.get("eb-id", ""), props.get("eb-event", ""), json.loads(msg.data()))]
             results = [(aid, data) for aid, event, data in records if event == "result"]
@@ -915,9 +928,9 @@ class PulsarActionQueue:
         pending = self._replies.get(reply_to)
         if pending is None:
             pending = self._replies[reply_to] = []
-            asyncio.get_running_loop().call_soon(
-                lambda: asyncio.ensure_future(self._send_replies(reply_to))
-            )
+            task = asyncio.ensure_future(self._send_replies(reply_to))  # runs after this turn
+            self._sending.add(task)  # referenced until done (the loop keeps only weak ones)
+            task.add_done_callback(self._sending.discard)
         pending.append(_record(action_id, event, data))
 
     async def _send_replies(self, reply_to: str) -> None:
@@ -975,20 +988,15 @@ class PulsarActionQueue:
             t.start()
 
     def _pull(self, priority: int, consumer: Any) -> None:
-        """One thread per level: receive messages while the executor has free slots for more
-        than are already received, else hold one per level until the executor takes it.
+        """One thread per level: receive one message and wait until the executor leases it.
 
-        With a receiver queue of 1, a busy executor holds at most two messages per level that it
-        has not started (one here, one prefetched), so a backlog stays with the broker, which
-        hands it to whichever executor asks next; the executor takes the highest level first.
+        With a receiver queue of 1 an executor holds at most two messages per level that it has
+        not started (one here, one prefetched), so a backlog stays with the broker, which hands
+        it to whichever executor asks next; the executor leases the highest level first.
         """
         while not self._stop.is_set():
             with self._taken:
-                while (
-                    self._waiting.get(priority, 0) > 0
-                    and len(self._ready) >= self._wanted
-                    and not self._stop.is_set()
-                ):
+                while priority in self._waiting and not self._stop.is_set():
                     self._taken.wait(0.5)
             if self._stop.is_set():
                 return
@@ -1005,7 +1013,7 @@ class PulsarActionQueue:
             with self._taken:
                 self._seq += 1
                 heapq.heappush(self._ready, (-priority, self._seq, (consumer, msg, time.monotonic())))
-                self._waiting[priority] = self._waiting.get(priority, 0) + 1
+                self._waiting.add(priority)
             for cb in self._wake_callbacks:
                 cb()
 
@@ -1020,10 +1028,9 @@ class PulsarActionQueue:
         with self._taken:
             while self._ready and len(out) < limit:
                 neg_priority, _, item = heapq.heappop(self._ready)
-                self._waiting[-neg_priority] -= 1
+                self._waiting.discard(-neg_priority)
                 out.append(item)
-            wanted, self._wanted = self._wanted, limit - len(out)
-            if out or self._wanted > wanted:
+            if out:
                 self._taken.notify_all()
         return out
 
