@@ -234,12 +234,12 @@ _BURSTS = {
 
 
 @pytest.mark.parametrize("burst", list(_BURSTS))
-async def test_a_zenoh_burst_of_small_samples_goes_out_batched_and_arrives_whole_in_order(
+async def test_a_burst_of_small_samples_goes_out_batched_and_arrives_whole_in_order(
     bus_pair: BusPair, burst: str
 ) -> None:
-    if bus_pair.engine != "zenoh":
-        pytest.skip("batching belongs to the Zenoh BLOCK sender")
+    # Zenoh: they queue up behind the BLOCK sender thread; Pulsar: behind unconfirmed sends
     n = 1500
+    t0 = time.time_ns()
     sub = await bus_pair.subscriber_bus.subscribe(
         "imu", options=SubscriptionOptions(capacity=n, backpressure=Backpressure.BLOCK)
     )
@@ -257,6 +257,66 @@ async def test_a_zenoh_burst_of_small_samples_goes_out_batched_and_arrives_whole
     assert [s.stamp_ns for s in got[-2:]] == [1_000 + n - 2, 1_000 + n - 1]
     assert sub.counters()["gaps"] == 0 and sub.malformed == 0
     assert pub._pub.batches > 0, "no batch was sent"  # type: ignore[attr-defined]
+    if bus_pair.engine == "pulsar":  # what the broker stored reads back sample by sample
+        stored = await bus_pair.subscriber_bus.engine.stored_headers(
+            "imu", since_ns=t0 - 1_000_000_000, timeout_s=20
+        )
+        assert [h.seq for h in stored] == list(range(1, n + 1))
+
+
+async def test_a_pulsar_batch_is_acknowledged_once_all_its_samples_are(bus_pair: BusPair) -> None:
+    if bus_pair.engine != "pulsar":
+        pytest.skip("acknowledgements are a Pulsar feature")
+    n = 600
+    opts = SubscriptionOptions(capacity=n, auto_ack=False, subscription_name="batched")
+    sub = await bus_pair.subscriber_bus.subscribe("imu", options=opts)
+    pub = await bus_pair.publisher_bus.publisher("imu", options=BLOCK)
+    for i in range(n):
+        pub.publish_nowait(bytes([i % 256]) * 1024, stamp_ns=1_000 + i)
+    await pub.flush()
+    assert pub._pub.batches > 1, "not several batches"  # type: ignore[attr-defined]
+    got = [await sub.recv(timeout_s=20) for _ in range(n)]
+    assert [s.seq for s in got] == list(range(1, n + 1))
+    for s in got[:300]:
+        s.ack()
+    await sub.close()  # samples 301..600 never acknowledged
+    again = await bus_pair.subscriber_bus.subscribe("imu", options=opts)
+    back: set[int] = set()
+    while not back >= set(range(301, n + 1)):
+        s = await again.recv(timeout_s=20)
+        back.add(s.seq)
+        s.ack()
+    # the first samples went out one per message (few unconfirmed then): gone for good; a batch
+    # (at most 64 KiB: < 64 of these samples) that straddles 300 comes back whole
+    assert 1 not in back and min(back) > 300 - 64, sorted(back)[:5]
+    await again.close()
+    last = await bus_pair.subscriber_bus.subscribe("imu", options=opts)
+    await pub.publish(b"end", stamp_ns=10**6)
+    await pub.flush()
+    assert (await last.recv(timeout_s=20)).payload == b"end"  # nothing acknowledged came back
+
+
+async def test_a_malformed_pulsar_batch_is_counted_and_its_good_samples_still_delivered(
+    bus_pair: BusPair,
+) -> None:
+    if bus_pair.engine != "pulsar":
+        pytest.skip("batch messages are a Pulsar message layout here")
+    from embodied_bus.engines.pulsar_engine import BATCH_PROPERTY, stream_topic
+    from embodied_bus.model.wire import BATCH_LAYOUT, encode_batch, encode_header
+
+    sub = await bus_pair.subscriber_bus.subscribe("scan", options=SubscriptionOptions(capacity=10))
+    client = bus_pair.publisher_bus.engine.client  # type: ignore[attr-defined]
+    producer = client.create_producer(stream_topic(bus_pair.publisher_bus.settings, "scan"))  # type: ignore[arg-type]
+    good = Header("scan", Modality.LIDAR, 1, 10, 0, 100, 0, "raw", "laser", 99, time.time_ns())
+    head, body = encode_batch([(encode_header(good), b"first"), (b"EB\x01broken", b"lost")])
+    producer.send(head + body, properties={BATCH_PROPERTY: f"9|{len(head)}"})  # unknown layout
+    producer.send(head + body, properties={BATCH_PROPERTY: f"{BATCH_LAYOUT}|{len(head) + 1}"})
+    producer.send(head + body, properties={BATCH_PROPERTY: f"{BATCH_LAYOUT}|{len(head)}"})
+    producer.close()
+    first = await sub.recv(timeout_s=20)
+    assert first.payload == b"first" and first.header.publisher_id == 99
+    await wait_until(lambda: sub.malformed == 3, 10, "two bad batches and the bad header counted")
+    assert "sample in a batch message" in str(sub.last_error)
 
 
 async def test_a_malformed_zenoh_batch_is_counted_and_its_good_samples_still_delivered(

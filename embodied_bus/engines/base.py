@@ -46,8 +46,10 @@ class MessageSink(Protocol):
         """A well-formed message. An :class:`EngineBuffer` payload is copied by the sink when
         the application takes the sample, in the application's thread."""
 
-    def deliver_batch(self, items: list[tuple[Header, bytes]]) -> None:
-        """Well-formed samples that came together (a Zenoh batch), in order, without acks."""
+    def deliver_batch(self, items: list[tuple[Header, bytes]], ack: AckFn | None = None) -> None:
+        """Well-formed samples that came together (a batch), in order. ``ack`` (Pulsar) is
+        called once per sample, as ``deliver``'s is for its message; it acknowledges the
+        batch message after the last."""
 
     def reject(self, error: Exception, ack: AckFn | None) -> None:
         """A message whose header could not be decoded; ``error`` says why."""

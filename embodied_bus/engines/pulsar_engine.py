@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import fcntl
+import itertools
 import logging
 import os
 import re
@@ -44,9 +45,17 @@ from embodied_bus.errors import (
     PublishError,
 )
 from embodied_bus.model.qos import Backpressure, PublisherOptions, SubscriptionOptions
-from embodied_bus.model.wire import Header, decode_properties, encode_properties
+from embodied_bus.model.wire import (
+    BATCH_LAYOUT,
+    Header,
+    decode_batch,
+    decode_properties,
+    encode_batch,
+    encode_header,
+    encode_header_text,
+)
 
-__all__ = ["PULSAR_MAX_MESSAGE_BYTES", "PulsarEngine", "stream_topic"]
+__all__ = ["BATCH_PROPERTY", "PULSAR_MAX_MESSAGE_BYTES", "PulsarEngine", "decode_batch_message", "stream_topic"]
 
 #: Pulsar's default ``maxMessageSize`` (5 MiB) less the client's metadata reserve (10 KiB).
 PULSAR_MAX_MESSAGE_BYTES = 5 * 1024 * 1024 - 10 * 1024
@@ -111,16 +120,51 @@ ACK_FLUSH_MS = 100
 #: Every this many sends of a publisher, one carries a completion callback (see
 #: ``_PulsarPublisher``).
 CONFIRM_EVERY = 16
+#: A BLOCK publisher on the event loop batches samples while at least this many of its sends
+#: await the broker's confirmation (the broker is behind): the samples published meanwhile go
+#: out as one message (see ``_PulsarPublisher``). Below it, every sample is sent at once.
+BATCH_WHEN_UNCONFIRMED = 64
+#: A batch holds samples up to this size (header and payload), bytes ...
+PULSAR_BATCH_ITEM_MAX_BYTES = 16 * 1024
+#: ... and at most this many bytes, and samples of one bucket only (the message key).
+PULSAR_BATCH_MAX_BYTES = 64 * 1024
+#: Property that marks a batch message: ``"<layout>|<length of the batch head>"``; the message
+#: data is the head (the Zenoh batch attachment, see ``wire.encode_batch``) then the payloads.
+BATCH_PROPERTY = "eb.b"
+#: The client's native message builder. Stream publishers build messages with it and hand them
+#: to the native producer, and stream subscribers receive and acknowledge native messages,
+#: skipping the per-call argument checks and wrapper objects of the ``pulsar`` package (our
+#: arguments have known types): about a quarter of the Python time of a 1 KiB sample. None if
+#: a client version lacks it; the public API is used then.
+_MessageBuilder: Any = getattr(getattr(pulsar, "_pulsar", None), "MessageBuilder", None)
+
+
+def _native(handle: Any, attr: str) -> Any:
+    """``handle``'s native producer or consumer (``_producer`` / ``_consumer``), if the fast
+    path is available; else ``handle`` itself."""
+    inner = getattr(handle, attr, None) if _MessageBuilder is not None else None
+    return handle if inner is None else inner
 
 
 class _PulsarPublisher(EnginePublisher):
     """One producer. Every :data:`CONFIRM_EVERY`-th send carries a completion callback: the
     client completes one producer's sends in order, so that callback confirms the ones before
     it too (a Python callback on every send, taking the GIL from the client's I/O thread, cost
-    about 40 % of the throughput of 1 KiB samples)."""
+    about 40 % of the throughput of 1 KiB samples).
+
+    A BLOCK publisher whose sends the broker has not confirmed yet (at least
+    :data:`BATCH_WHEN_UNCONFIRMED` of them) batches small samples of one bucket published on
+    the event loop: they go out as one message when the batch is full, the bucket changes, a
+    large sample follows, or the loop turn ends (``call_soon``), so a batch adds no wait of its
+    own. A message, not a sample, is what the broker stores, dispatches and acknowledges, and
+    each costs ~60 µs of client and broker CPU; a stream of 1 KiB samples that outruns the
+    broker went at ~0.6 times the rate of bare pulsar-client sends before batching.
+    """
 
     def __init__(self, producer: Any, stream: str, options: PublisherOptions) -> None:
         self._producer = producer
+        native = _native(producer, "_producer")
+        self._native_send: Any = native.send_async if native is not producer else None
         self._stream = stream
         self._chunking = options.chunking
         self.max_payload_bytes = None if options.chunking else PULSAR_MAX_MESSAGE_BYTES
@@ -132,6 +176,14 @@ class _PulsarPublisher(EnginePublisher):
         self._errors: list[str] = []
         self._closed = False
         self._waiters: list[tuple[asyncio.AbstractEventLoop, asyncio.Future[None]]] = []
+        # the batch being filled (BLOCK publishers, event loop thread only)
+        self._loop = asyncio.get_running_loop() if self._block else None
+        self._batch: list[tuple[bytes, bytes | bytearray]] = []
+        self._batch_header: Header | None = None  # its first sample's header
+        self._batch_bytes = 0
+        self._batch_scheduled = False
+        #: Batch messages sent (several samples in one message).
+        self.batches = 0
 
     def _on_confirmed(self, upto: int, result: Any, _msg_id: Any) -> None:
         with self._lock:
@@ -150,8 +202,8 @@ class _PulsarPublisher(EnginePublisher):
                     pass
 
     def backlog(self) -> int:
-        # BLOCK: samples the broker has not confirmed yet. ``publish`` awaits above its high
-        # water mark, so the event loop never blocks inside the client's full send queue.
+        # BLOCK: messages (a batch is one) the broker has not confirmed yet. ``publish`` awaits
+        # above its high water mark, so the event loop never blocks in the client's full queue.
         return self._sent - self._confirmed if self._block else 0
 
     async def wait_writable(self) -> None:
@@ -178,21 +230,90 @@ class _PulsarPublisher(EnginePublisher):
         if self._closed:
             raise BusClosedError(f"publisher for {self._stream!r} is closed")
         self._raise_errors()
+        if self._block and self._sent - self._confirmed >= BATCH_WHEN_UNCONFIRMED:
+            enc = encode_header(header)
+            size = len(enc) + len(payload)
+            if size <= PULSAR_BATCH_ITEM_MAX_BYTES:
+                first = self._batch_header
+                if first is not None and (
+                    first.bucket != header.bucket or self._batch_bytes + size > PULSAR_BATCH_MAX_BYTES
+                ):
+                    self._send_batch()
+                if self._batch_header is None:
+                    self._batch_header = header
+                    if not self._batch_scheduled:
+                        self._batch_scheduled = True
+                        assert self._loop is not None
+                        self._loop.call_soon(self._send_scheduled)
+                self._batch.append((enc, payload if type(payload) is bytes else bytes(payload)))
+                self._batch_bytes += size
+                return True
+        if self._batch:
+            self._send_batch()
+        return self._send_one(header, payload)
+
+    def send_from_thread(self, header: Header, payload: bytes | bytearray) -> bool:
+        # a worker thread's samples are never batched (the batch belongs to the loop thread)
+        if self._closed:
+            raise BusClosedError(f"publisher for {self._stream!r} is closed")
+        self._raise_errors()
+        return self._send_one(header, payload)
+
+    def _send_scheduled(self) -> None:
+        self._batch_scheduled = False
+        if self._batch:
+            try:
+                self._send_batch()
+            except (PublishError, BusClosedError) as err:  # reported on the next send or flush
+                self._errors.append(str(err))
+
+    def _send_batch(self) -> None:
+        """Send the batch being filled: one message (a lone sample in the one-sample layout)."""
+        batch, first = self._batch, self._batch_header
+        self._batch = []
+        self._batch_header = None
+        self._batch_bytes = 0
+        assert first is not None
+        if len(batch) == 1:
+            self._send_one(first, batch[0][1])
+            return
+        head, body = encode_batch(batch)
+        prop = (BATCH_PROPERTY, f"{BATCH_LAYOUT}|{len(head)}")
+        if self._send_message(head + body, prop, first, f"a batch of {len(batch)} samples"):
+            self.batches += 1
+
+    def _send_one(self, header: Header, payload: bytes | bytearray) -> bool:
+        data = payload if type(payload) is bytes else bytes(payload)
+        prop = ("eb.h", encode_header_text(header))
+        return self._send_message(data, prop, header, f"payload of {len(payload)} bytes")
+
+    def _send_message(self, data: bytes, prop: tuple[str, str], header: Header, what: str) -> bool:
+        """One message with one property: ``header``'s sample, or a batch whose first sample
+        is ``header`` (the key and event time are its bucket's)."""
         start_ms = header.bucket_start_ns // 1_000_000
         n = self._sent + 1
+        done = partial(self._on_confirmed, n) if n % CONFIRM_EVERY == 0 else None
         try:
-            self._producer.send_async(
-                bytes(payload) if not isinstance(payload, bytes) else payload,
-                partial(self._on_confirmed, n) if n % CONFIRM_EVERY == 0 else None,
-                properties=encode_properties(header),
-                partition_key=str(header.bucket),
-                event_timestamp=start_ms if start_ms > 0 else None,
-            )
+            native_send = self._native_send
+            if native_send is not None:
+                mb = _MessageBuilder().content(data).property(*prop)
+                mb.partition_key(str(header.bucket))
+                if start_ms > 0:
+                    mb.event_timestamp(start_ms)
+                native_send(mb.build(), done)
+            else:
+                self._producer.send_async(
+                    data,
+                    done,
+                    properties=dict([prop]),
+                    partition_key=str(header.bucket),
+                    event_timestamp=start_ms if start_ms > 0 else None,
+                )
         except pulsar.ProducerQueueIsFull:
             return False
         except pulsar.MessageTooBig as err:
             raise PayloadTooLargeError(
-                f"payload of {len(payload)} bytes on stream {self._stream!r} exceeds Pulsar's "
+                f"{what} on stream {self._stream!r} exceeds Pulsar's "
                 f"message size limit and chunking is disabled (PublisherOptions(chunking=True))"
             ) from err
         except pulsar.PulsarException as err:
@@ -208,6 +329,8 @@ class _PulsarPublisher(EnginePublisher):
             self._wake()
 
     async def flush(self) -> None:
+        if self._batch:
+            self._send_batch()
         try:
             await asyncio.to_thread(self._wait_idle)
         except pulsar.PulsarException as err:
@@ -222,6 +345,45 @@ class _PulsarPublisher(EnginePublisher):
         finally:
             self._closed = True
             await close_handle(self._producer)
+
+
+class _SharedAck:
+    """Acknowledges a batch message once each of its ``count`` samples has been acknowledged
+    (taken, dropped or skipped as a duplicate), from whichever thread does the last one."""
+
+    __slots__ = ("_ack", "_count", "_seen")
+
+    def __init__(self, count: int, ack: AckFn) -> None:
+        self._ack = ack
+        self._count = count
+        self._seen = itertools.count(1)  # next() is atomic: no lock needed
+
+    def __call__(self) -> None:
+        if next(self._seen) == self._count:
+            self._ack()
+
+
+def decode_batch_message(prop: str, data: bytes) -> tuple[list[tuple[Header, bytes]], list[HeaderError]]:
+    """The samples of a batch message (property :data:`BATCH_PROPERTY` = ``prop``).
+
+    Returns:
+        The well-formed samples in order, and an error for each malformed one.
+
+    Raises:
+        HeaderError: The message is not a readable batch (the message says why).
+    """
+    layout, _, head_text = prop.partition("|")
+    if layout != str(BATCH_LAYOUT):
+        raise HeaderError(
+            f"unknown batch layout {layout!r} in {BATCH_PROPERTY} (this build reads {BATCH_LAYOUT})"
+        )
+    try:
+        head_len = int(head_text)
+    except ValueError:
+        raise HeaderError(f"{BATCH_PROPERTY} has no valid head length: {prop!r}") from None
+    if not 0 < head_len <= len(data):
+        raise HeaderError(f"batch head of {head_len} bytes in a message of {len(data)} bytes")
+    return decode_batch(data[:head_len], data[head_len:])
 
 
 class _PulsarSubscriber(EngineSubscriber):
@@ -252,7 +414,7 @@ class _PulsarSubscriber(EngineSubscriber):
 
     def _send_acks(self) -> None:
         acks = self._acks
-        consumer = self._consumer
+        consumer = _native(self._consumer, "_consumer")
         while acks:
             try:
                 consumer.acknowledge(acks.popleft())
@@ -281,7 +443,7 @@ class _PulsarSubscriber(EngineSubscriber):
             loop.call_soon_threadsafe(_resolve, fut)
 
     def _run(self) -> None:
-        consumer = self._consumer
+        consumer = _native(self._consumer, "_consumer")
         deliver = self._sink.deliver
         reject = self._sink.reject
         queue_ack = self._acks.append
@@ -295,7 +457,7 @@ class _PulsarSubscriber(EngineSubscriber):
                 if self._acks:
                     self._send_acks()
                 try:
-                    msg = consumer.receive(timeout_millis=ACK_FLUSH_MS)
+                    msg = consumer.receive(ACK_FLUSH_MS)
                 except pulsar.Timeout:
                     continue
                 except pulsar.AlreadyClosed:
@@ -305,16 +467,35 @@ class _PulsarSubscriber(EngineSubscriber):
                     self._stop.wait(0.2)
                     continue
                 ack: AckFn = partial(queue_ack, msg)
-                try:
-                    header = decode_properties(msg.properties())
-                except HeaderError as err:
-                    reject(HeaderError(f"message on {msg.topic_name()}: {err}"), ack)
+                props = msg.properties()
+                batch = props.get(BATCH_PROPERTY)
+                if batch is not None:
+                    self._deliver_batch(msg, batch, ack)
                 else:
-                    deliver(header, msg.data(), ack)
+                    try:
+                        header = decode_properties(props)
+                    except HeaderError as err:
+                        reject(HeaderError(f"message on {msg.topic_name()}: {err}"), ack)
+                    else:
+                        deliver(header, msg.data(), ack)
                 self._passed(msg)
         finally:
             self._started.set()
             self._send_acks()
+
+    def _deliver_batch(self, msg: Any, prop: str, ack: AckFn) -> None:
+        reject = self._sink.reject
+        try:
+            entries, errors = decode_batch_message(prop, msg.data())
+        except HeaderError as err:
+            reject(HeaderError(f"batch message on {msg.topic_name()}: {err}"), ack)
+            return
+        for bad in errors:
+            reject(HeaderError(f"sample in a batch message on {msg.topic_name()}: {bad}"), None)
+        if entries:
+            self._sink.deliver_batch(entries, _SharedAck(len(entries), ack))
+        else:
+            ack()
 
     async def catch_up(self, timeout_s: float) -> bool:
         """See :meth:`EngineSubscriber.catch_up`. One round trip to the broker for the topic's
@@ -630,8 +811,13 @@ class PulsarEngine(Engine):
                 out: list[Header] = []
                 while reader.has_message_available():
                     msg = reader.read_next(max(1, int(timeout_s * 1000)))
+                    props = msg.properties()
                     try:
-                        out.append(decode_properties(msg.properties()))
+                        batch = props.get(BATCH_PROPERTY)
+                        if batch is None:
+                            out.append(decode_properties(props))
+                        else:
+                            out.extend(h for h, _ in decode_batch_message(batch, msg.data())[0])
                     except HeaderError:
                         continue
                 return out

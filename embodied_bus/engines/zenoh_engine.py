@@ -134,7 +134,7 @@ class _SenderThread:
     def __init__(
         self,
         name: str,
-        put_all: Callable[[deque[tuple[Any, bytes]]], BaseException | None],
+        put_all: Callable[[list[tuple[Any, bytes]]], BaseException | None],
         high_water: int,
         loop: asyncio.AbstractEventLoop,
     ) -> None:
@@ -152,30 +152,37 @@ class _SenderThread:
         self._thread.start()
 
     def push(self, payload: Any, attachment: bytes) -> None:
-        with self._cond:
-            self._items.append((payload, attachment))
-            if self._idle:
-                # Woken once: until the thread runs (it needs the GIL this thread holds), more
-                # pushes find it already woken instead of notifying again (that cost ~1 µs each).
-                self._idle = False
-                self._cond.notify()
+        # No lock while the thread is busy: ``deque.append`` is atomic, and the thread checks
+        # for items under the lock before it waits (so an item appended before ``_idle`` is
+        # set is seen, and one appended after finds ``_idle`` set and notifies). Taking the
+        # lock on every push made the publishing loop queue behind the sender thread.
+        self._items.append((payload, attachment))
+        if self._idle:
+            with self._cond:
+                if self._idle:
+                    # woken once: later pushes find it already woken
+                    self._idle = False
+                    self._cond.notify()
 
     def backlog(self) -> int:
         return len(self._items) + self._busy
 
     def _run(self) -> None:
+        items = self._items
         while True:
-            with self._cond:
-                while not self._items and not self._closed:
-                    self._idle = True
-                    self._cond.wait()
+            if not items:
+                with self._cond:
+                    self._idle = True  # before the check: a push after it sees the flag
+                    while not items and not self._closed:
+                        self._cond.wait()
                     self._idle = False
-                if not self._items and self._closed:
-                    self._wake_all()
-                    return
-                batch = self._items
-                self._items = deque()
-                self._busy = len(batch)
+                    if not items and self._closed:
+                        self._wake_all()
+                        return
+            n = len(items)  # the pushing thread may append meanwhile: taken next round
+            self._busy = n
+            take = items.popleft
+            batch = [take() for _ in range(n)]
             err = self._put_all(batch)
             if err is not None:  # reported on the next publish or flush
                 self.error = err
@@ -228,7 +235,7 @@ class _ZenohPublisher(EnginePublisher):
         self._tail_key: tuple[str, str, str] = ("", "", "")
         self._tail = encode_strings("", "", "")
 
-    def _put_all(self, items: deque[tuple[Any, bytes]]) -> BaseException | None:
+    def _put_all(self, items: list[tuple[Any, bytes]]) -> BaseException | None:
         """Put queued samples in order (sender thread); runs of small ones go as batches of up
         to :data:`BATCH_MAX_BYTES` (one Zenoh put, one receive callback). Returns the last
         error, if any put failed."""

@@ -37,6 +37,7 @@ __all__ = [
     "decode_properties",
     "encode_batch",
     "encode_header",
+    "encode_header_text",
     "encode_properties",
     "encode_strings",
     "is_batch",
@@ -458,7 +459,12 @@ _COMPACT_PARTS: dict[tuple[object, ...], tuple[str, str, str]] = {}
 
 
 def encode_properties(h: Header) -> dict[str, str]:
-    """Encode a header as Pulsar message properties: one text property ``eb.h``.
+    """Encode a header as Pulsar message properties: ``{"eb.h": encode_header_text(h)}``."""
+    return {"eb.h": encode_header_text(h)}
+
+
+def encode_header_text(h: Header) -> str:
+    """Encode a header as the text of the Pulsar message property ``eb.h``.
 
     ``eb.h`` is ``2|stream|modality|seq|stamp_ns|bucket|width_ns|offset_ns|pub|pub_ns|flags|
     len(encoding)|<encoding><frame_id>`` (``pub`` in 16 hex digits, lengths in characters), so
@@ -478,7 +484,7 @@ def encode_properties(h: Header) -> dict[str, str]:
             f"|{flag_bits}|{len(enc)}|{enc}{frame_id}",
         )
     head, mid, tail = parts
-    return {"eb.h": f"{head}{seq}|{stamp_ns}|{bucket}{mid}{pub_ns}{tail}"}
+    return f"{head}{seq}|{stamp_ns}|{bucket}{mid}{pub_ns}{tail}"
 
 
 _valid_streams: set[str] = set()  # stream names seen valid (a bounded cache)

@@ -84,9 +84,9 @@ class Subscription:
             if dropped_ack is not None:
                 dropped_ack()
 
-    def deliver_batch(self, items: list[tuple[Header, bytes]]) -> None:
-        """Called by the engine for the well-formed samples of one batch (no acks), in order:
-        what :meth:`deliver` does for each, with one buffer hand-off."""
+    def deliver_batch(self, items: list[tuple[Header, bytes]], ack: AckFn | None = None) -> None:
+        """Called by the engine for the well-formed samples of one batch, in order: what
+        :meth:`deliver` does for each (``ack`` is each sample's), with one buffer hand-off."""
         if not items:
             return
         limit = self.options.max_payload_bytes
@@ -106,21 +106,23 @@ class Subscription:
                 run = self._stream_stats(first.stream)
                 latencies = [now - h.publish_ns for h, _ in items]
                 if run.observe_run(first.publisher_id, first.seq, sizes, latencies):
-                    self._put_items([(Sample(h, p, now), None, None) for h, p in items])
+                    self._put_items([(Sample(h, p, now), ack, None) for h, p in items])
                     return
         keep_duplicates = self.options.deliver_duplicates
         st: StreamStats | None = None
         out: list[_Item] = []
         for header, payload in items:
             if len(payload) > limit:
-                self._too_large(header, len(payload), None)
+                self._too_large(header, len(payload), ack)
                 continue
             if st is None or st.stream != header.stream:
                 st = self._stream_stats(header.stream)
             verdict = st.observe(header.publisher_id, header.seq, len(payload), now - header.publish_ns)
             if verdict is _DUPLICATE and not keep_duplicates:
+                if ack is not None:
+                    ack()
                 continue
-            out.append((Sample(header, payload, now, verdict is _OUT_OF_ORDER), None, None))
+            out.append((Sample(header, payload, now, verdict is _OUT_OF_ORDER), ack, None))
         self._put_items(out)
 
     def _stream_stats(self, stream: str) -> StreamStats:
@@ -140,10 +142,12 @@ class Subscription:
 
     def _put_items(self, items: list[_Item]) -> None:
         dropped = self._buffer.put_many(items)
-        if self._closed:  # refused by a closed buffer, not dropped by the policy
+        if self._closed:  # refused by a closed buffer, not dropped by the policy: not acked
             return
-        for sample, _, _ in dropped:
+        for sample, dropped_ack, _ in dropped:
             self.stats[sample.header.stream].dropped += 1
+            if dropped_ack is not None:
+                dropped_ack()
 
     def reject(self, error: Exception, ack: AckFn | None) -> None:
         """Called by the engine for a message whose header is malformed."""
