@@ -536,9 +536,7 @@ async def test_pulsar_state_records_of_one_loop_turn_share_one_message_and_read_
     assert all(queue.state.get(a.id) is not None for a in actions)
 
     def messages() -> list[set[str]]:
-        reader = rig.planner.bus.engine.client.create_reader(
-            queue.topics.state, pulsar.MessageId.earliest
-        )
+        reader = rig.planner.bus.engine.client.create_reader(queue.topics.state, pulsar.MessageId.earliest)
         try:
             out = []
             while reader.has_message_available():

@@ -55,7 +55,13 @@ from embodied_bus.model.wire import (
     encode_header_text,
 )
 
-__all__ = ["BATCH_PROPERTY", "PULSAR_MAX_MESSAGE_BYTES", "PulsarEngine", "decode_batch_message", "stream_topic"]
+__all__ = [
+    "BATCH_PROPERTY",
+    "PULSAR_MAX_MESSAGE_BYTES",
+    "PulsarEngine",
+    "decode_batch_message",
+    "stream_topic",
+]
 
 #: Pulsar's default ``maxMessageSize`` (5 MiB) less the client's metadata reserve (10 KiB).
 PULSAR_MAX_MESSAGE_BYTES = 5 * 1024 * 1024 - 10 * 1024

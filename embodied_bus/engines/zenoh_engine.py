@@ -227,6 +227,10 @@ class _ZenohPublisher(EnginePublisher):
             if block
             else None
         )
+        # ``publish`` awaits room above this backlog (the sender's mark: with the base class's
+        # 256, every publish between 256 and 512 queued samples awaited a wait that returned
+        # at once, ~2 µs per sample)
+        self.high_water = SENDER_HIGH_WATER
         #: Batches sent (several samples in one Zenoh put, see :meth:`_put_all`).
         self.batches = 0
         self._shm_threshold = options.shm_threshold_bytes if options.shm else None
