@@ -184,6 +184,7 @@ class _PulsarPublisher(EnginePublisher):
         self._waiters: list[tuple[asyncio.AbstractEventLoop, asyncio.Future[None]]] = []
         # the batch being filled (BLOCK publishers, event loop thread only)
         self._loop = asyncio.get_running_loop() if self._block else None
+        self._loop_thread = threading.get_ident()  # created on the loop: batches only there
         self._batch: list[tuple[bytes, bytes | bytearray]] = []
         self._batch_header: Header | None = None  # its first sample's header
         self._batch_bytes = 0
@@ -236,7 +237,8 @@ class _PulsarPublisher(EnginePublisher):
         if self._closed:
             raise BusClosedError(f"publisher for {self._stream!r} is closed")
         self._raise_errors()
-        if self._block and self._sent - self._confirmed >= BATCH_WHEN_UNCONFIRMED:
+        on_loop = threading.get_ident() == self._loop_thread
+        if self._block and on_loop and self._sent - self._confirmed >= BATCH_WHEN_UNCONFIRMED:
             enc = encode_header(header)
             size = len(enc) + len(payload)
             if size <= PULSAR_BATCH_ITEM_MAX_BYTES:
@@ -254,7 +256,7 @@ class _PulsarPublisher(EnginePublisher):
                 self._batch.append((enc, payload if type(payload) is bytes else bytes(payload)))
                 self._batch_bytes += size
                 return True
-        if self._batch:
+        if self._batch and on_loop:
             self._send_batch()
         return self._send_one(header, payload)
 
