@@ -142,6 +142,26 @@ def test_decoded_batches_agree_with_decoding_each_sample(att: bytes, payload: by
 
 
 @FUZZ
+@given(
+    st.one_of(
+        st.just(f"177|{len(BATCH[0])}"),
+        st.text(max_size=24),
+        st.integers(-5, 400).map(lambda n: f"177|{n}"),
+    ),
+    st.one_of(st.just(BATCH[0] + BATCH[1]), mutated(BATCH[0] + BATCH[1])),
+)
+def test_pulsar_batch_messages_decode_or_raise_header_error(prop: str, data: bytes) -> None:
+    from embodied_bus.engines.pulsar_engine import decode_batch_message
+
+    got = only((HeaderError,), lambda: decode_batch_message(prop, data))
+    if got is not None:
+        samples, errors = got
+        assert len(samples) + len(errors) >= 1
+    if prop == f"177|{len(BATCH[0])}" and data == BATCH[0] + BATCH[1]:
+        assert got is not None and [h.seq for h, _ in got[0]] == [7, 8]
+
+
+@FUZZ
 @given(st.one_of(st.binary(max_size=256), mutated(encode_header(HEADER))))
 def test_sample_headers_decode_or_raise_header_error(data: bytes) -> None:
     h = only((HeaderError,), lambda: decode_header(data))

@@ -229,3 +229,19 @@ def test_pulsar_urls_are_parsed() -> None:
 def test_bad_urls_get_a_clear_error(url: str, message: str) -> None:
     with pytest.raises(BusConfigError, match=message):
         parse_bus_url(url)
+
+
+def test_a_batch_message_is_acknowledged_after_its_last_sample_from_any_thread() -> None:
+    from embodied_bus.engines.pulsar_engine import _SharedAck
+
+    acked: list[int] = []
+    shared = _SharedAck(400, lambda: acked.append(1))
+    threads = [threading.Thread(target=lambda: [shared() for _ in range(100)]) for _ in range(4)]
+    for t in threads[:3]:
+        t.start()
+    for t in threads[:3]:
+        t.join()
+    assert acked == []  # 300 of 400 samples acknowledged
+    threads[3].start()
+    threads[3].join()
+    assert acked == [1]

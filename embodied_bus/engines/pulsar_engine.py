@@ -40,6 +40,7 @@ from embodied_bus.engines.urls import PulsarSettings
 from embodied_bus.errors import (
     BusClosedError,
     BusConnectionError,
+    EmbodiedBusError,
     HeaderError,
     PayloadTooLargeError,
     PublishError,
@@ -272,7 +273,7 @@ class _PulsarPublisher(EnginePublisher):
         if self._batch:
             try:
                 self._send_batch()
-            except (PublishError, BusClosedError) as err:  # reported on the next send or flush
+            except EmbodiedBusError as err:  # reported on the next send or flush
                 self._errors.append(str(err))
 
     def _send_batch(self) -> None:
