@@ -223,6 +223,37 @@ async def test_block_policy_is_lossless_with_a_slow_consumer(bus_pair: BusPair) 
     assert c["dropped"] == 0 and c["gaps"] == 0
 
 
+async def test_a_lossless_zenoh_publisher_queues_a_bounded_number_of_bytes(bus_pair: BusPair) -> None:
+    if bus_pair.engine != "zenoh":
+        pytest.skip("the sender thread's queue is Zenoh's")
+    from embodied_bus.engines.zenoh_engine import SENDER_HIGH_WATER_BYTES
+
+    n, size = 40, 4 << 20
+    sub = await bus_pair.subscriber_bus.subscribe(
+        "lidar", options=SubscriptionOptions(capacity=2, backpressure=Backpressure.BLOCK)
+    )
+    pub = await bus_pair.publisher_bus.publisher("lidar", options=BLOCK)
+    await _ready(pub, bus_pair)
+    sender = pub._pub._sender  # type: ignore[attr-defined]
+    most = 0
+
+    async def produce() -> None:
+        nonlocal most
+        for i in range(n):  # 160 MiB of distinct payloads, faster than they can be taken
+            await pub.publish(bytes([i]) * size, stamp_ns=1_000 + i)
+            most = max(most, sum(len(body) for body, _, _ in list(sender._items)))
+        await pub.flush()
+
+    producer = asyncio.create_task(produce())
+    got = []
+    for _ in range(n):
+        got.append((await sub.recv(timeout_s=60)).payload[0])
+        await asyncio.sleep(0.005)  # a slow consumer
+    await producer
+    assert got == list(range(n))
+    assert 0 < most <= SENDER_HIGH_WATER_BYTES + size, most
+
+
 _BURSTS = {
     # small samples with a large one now and then (sent on its own, between batches), headers
     # of three shapes: decoded header by header

@@ -57,8 +57,12 @@ SHM_POOL_BYTES = 64 * 1024 * 1024
 #: receive batch.
 LAZY_COPY_BYTES = 64 * 1024
 _SHM_FLAG = int(HeaderFlags.SHM)
-#: Samples a BLOCK publisher may queue before ``publish`` awaits room.
+#: Samples a BLOCK publisher may queue before ``publish`` awaits room ...
 SENDER_HIGH_WATER = 1024
+#: ... and bytes of payload: a queued sample counts as ``ceil(size / slot)`` samples, slot =
+#: this / :data:`SENDER_HIGH_WATER` (64 KiB), so at most ~64 MiB wait (eight 8 MiB clouds).
+SENDER_HIGH_WATER_BYTES = 64 * 1024 * 1024
+_SLOT_BYTES = SENDER_HIGH_WATER_BYTES // SENDER_HIGH_WATER
 #: Samples (header and payload) up to this size that queue up behind a BLOCK publisher's
 #: sender thread go out batched (wire format: a batch attachment); bytes.
 BATCH_ITEM_MAX_BYTES = 16 * 1024
@@ -134,14 +138,17 @@ class _SenderThread:
     def __init__(
         self,
         name: str,
-        put_all: Callable[[list[tuple[Any, bytes]]], BaseException | None],
+        put_all: Callable[[list[tuple[Any, bytes, int]]], BaseException | None],
         high_water: int,
         loop: asyncio.AbstractEventLoop,
     ) -> None:
         self._put_all = put_all
         self._loop = loop
         self.high_water = high_water
-        self._items: deque[tuple[Any, bytes]] = deque()
+        self._items: deque[tuple[Any, bytes, int]] = deque()  # (payload, header, slots)
+        # slots pushed (by the publishing thread) and sent (by this thread): each has one writer
+        self._pushed_slots = 0
+        self._sent_slots = 0
         self._cond = threading.Condition(threading.Lock())
         self._idle = False
         self._busy = 0
@@ -151,12 +158,14 @@ class _SenderThread:
         self._thread = threading.Thread(target=self._run, name=f"eb-zenoh-put-{name}", daemon=True)
         self._thread.start()
 
-    def push(self, payload: Any, attachment: bytes) -> None:
+    def push(self, payload: Any, attachment: bytes, size: int) -> None:
         # No lock while the thread is busy: ``deque.append`` is atomic, and the thread checks
         # for items under the lock before it waits (so an item appended before ``_idle`` is
         # set is seen, and one appended after finds ``_idle`` set and notifies). Taking the
         # lock on every push made the publishing loop queue behind the sender thread.
-        self._items.append((payload, attachment))
+        slots = (size + _SLOT_BYTES - 1) // _SLOT_BYTES
+        self._items.append((payload, attachment, slots))
+        self._pushed_slots += slots  # written by the publishing thread only
         if self._idle:
             with self._cond:
                 if self._idle:
@@ -165,7 +174,8 @@ class _SenderThread:
                     self._cond.notify()
 
     def backlog(self) -> int:
-        return len(self._items) + self._busy
+        """Queued samples, or slots of :data:`_SLOT_BYTES` if their payloads are larger."""
+        return max(len(self._items) + self._busy, self._pushed_slots - self._sent_slots)
 
     def _run(self) -> None:
         items = self._items
@@ -186,6 +196,7 @@ class _SenderThread:
             err = self._put_all(batch)
             if err is not None:  # reported on the next publish or flush
                 self.error = err
+            self._sent_slots += sum([slots for _, _, slots in batch])
             self._busy = 0
             with self._cond:
                 self._wake_all()
@@ -239,7 +250,7 @@ class _ZenohPublisher(EnginePublisher):
         self._tail_key: tuple[str, str, str] = ("", "", "")
         self._tail = encode_strings("", "", "")
 
-    def _put_all(self, items: list[tuple[Any, bytes]]) -> BaseException | None:
+    def _put_all(self, items: list[tuple[Any, bytes, int]]) -> BaseException | None:
         """Put queued samples in order (sender thread); runs of small ones go as batches of up
         to :data:`BATCH_MAX_BYTES` (one Zenoh put, one receive callback). Returns the last
         error, if any put failed."""
@@ -262,7 +273,7 @@ class _ZenohPublisher(EnginePublisher):
             run.clear()
             run_bytes = 0
 
-        for body, att in items:
+        for body, att, _ in items:
             size = len(att) + len(body) if isinstance(body, (bytes, bytearray)) else BATCH_MAX_BYTES
             if run and (
                 size > BATCH_ITEM_MAX_BYTES
@@ -305,7 +316,8 @@ class _ZenohPublisher(EnginePublisher):
         if self._closed:
             raise BusClosedError(f"publisher for {header.stream!r} is closed")
         body: Any = payload
-        if self._shm_threshold is not None and len(payload) >= self._shm_threshold:
+        size = len(payload)
+        if self._shm_threshold is not None and size >= self._shm_threshold:
             att = encode_header(header._replace(flags=header.flags | HeaderFlags.SHM))
             body = self._shm_buffer(payload)
         else:
@@ -318,7 +330,7 @@ class _ZenohPublisher(EnginePublisher):
         if sender is not None:
             if sender.error is not None:
                 self._raise(header.stream, sender)
-            sender.push(body, att)
+            sender.push(body, att, size)
             return True
         try:
             self._put(body, attachment=att)
