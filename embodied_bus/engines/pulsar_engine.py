@@ -121,6 +121,10 @@ def _pattern(settings: PulsarSettings) -> re.Pattern[str]:
 PULSAR_HIGH_WATER = 800
 #: ... and resumes once no more than this many do.
 PULSAR_LOW_WATER = 400
+#: Unconfirmed payload bytes count as messages of this many bytes each (64 MiB / 800): a BLOCK
+#: publisher of large samples awaits above ~64 MiB unconfirmed, not 800 messages (6 GiB of
+#: 8 MiB clouds), and every send this large carries its own completion callback.
+PULSAR_SLOT_BYTES = 64 * 1024 * 1024 // PULSAR_HIGH_WATER
 #: Longest wait of a subscriber's receive, milliseconds: acknowledgements queued by the
 #: application are sent at least this often.
 ACK_FLUSH_MS = 100
@@ -180,6 +184,8 @@ class _PulsarPublisher(EnginePublisher):
         self._lock = threading.Lock()
         self._sent = 0  # sends the client accepted (written by the sending thread only)
         self._confirmed = 0  # of those, how many the broker confirmed (or failed)
+        self._sent_bytes = 0  # their payload bytes, cumulative (as ``_sent``)
+        self._confirmed_bytes = 0
         self._errors: list[str] = []
         self._closed = False
         self._waiters: list[tuple[asyncio.AbstractEventLoop, asyncio.Future[None]]] = []
@@ -193,15 +199,16 @@ class _PulsarPublisher(EnginePublisher):
         #: Batch messages sent (several samples in one message).
         self.batches = 0
 
-    def _on_confirmed(self, upto: int, result: Any, _msg_id: Any) -> None:
+    def _on_confirmed(self, upto: int, upto_bytes: int, result: Any, _msg_id: Any) -> None:
         with self._lock:
             self._confirmed = max(self._confirmed, upto)
+            self._confirmed_bytes = max(self._confirmed_bytes, upto_bytes)
             if result != pulsar.Result.Ok:
                 self._errors.append(str(result))
             self._wake()
 
     def _wake(self) -> None:  # under the lock
-        if self._waiters and self._sent - self._confirmed <= PULSAR_LOW_WATER:
+        if self._waiters and self._unconfirmed() <= PULSAR_LOW_WATER:
             waiters, self._waiters = self._waiters, []
             for loop, fut in waiters:
                 try:
@@ -212,12 +219,18 @@ class _PulsarPublisher(EnginePublisher):
     def backlog(self) -> int:
         # BLOCK: messages (a batch is one) the broker has not confirmed yet. ``publish`` awaits
         # above its high water mark, so the event loop never blocks in the client's full queue.
-        return self._sent - self._confirmed if self._block else 0
+        return self._unconfirmed() if self._block else 0
+
+    def _unconfirmed(self) -> int:
+        """Unconfirmed sends, or slots of :data:`PULSAR_SLOT_BYTES` if their bytes are more."""
+        return max(
+            self._sent - self._confirmed, (self._sent_bytes - self._confirmed_bytes) // PULSAR_SLOT_BYTES
+        )
 
     async def wait_writable(self) -> None:
         loop = asyncio.get_running_loop()
         with self._lock:
-            if self._sent - self._confirmed <= PULSAR_LOW_WATER or self._closed:
+            if self._unconfirmed() <= PULSAR_LOW_WATER or self._closed:
                 return
             fut: asyncio.Future[None] = loop.create_future()
             self._waiters.append((loop, fut))
@@ -301,7 +314,12 @@ class _PulsarPublisher(EnginePublisher):
         is ``header`` (the key and event time are its bucket's)."""
         start_ms = header.bucket_start_ns // 1_000_000
         n = self._sent + 1
-        done = partial(self._on_confirmed, n) if n % CONFIRM_EVERY == 0 else None
+        total = self._sent_bytes + len(data)
+        done = (
+            partial(self._on_confirmed, n, total)
+            if n % CONFIRM_EVERY == 0 or len(data) >= PULSAR_SLOT_BYTES
+            else None
+        )
         try:
             native_send = self._native_send
             if native_send is not None:
@@ -328,13 +346,15 @@ class _PulsarPublisher(EnginePublisher):
         except pulsar.PulsarException as err:
             raise PublishError(f"Pulsar send on {self._stream!r} failed: {err}") from err
         self._sent = n
+        self._sent_bytes = total
         return True
 
     def _wait_idle(self) -> None:
-        upto = self._sent
+        upto, upto_bytes = self._sent, self._sent_bytes
         self._producer.flush()  # returns once every send before it is persisted (or failed)
         with self._lock:
             self._confirmed = max(self._confirmed, upto)
+            self._confirmed_bytes = max(self._confirmed_bytes, upto_bytes)
             self._wake()
 
     async def flush(self) -> None:
