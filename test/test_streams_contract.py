@@ -358,7 +358,7 @@ async def test_a_malformed_pulsar_batch_is_counted_and_its_good_samples_still_de
     first = await sub.recv(timeout_s=20)
     assert first.payload == b"first" and first.header.publisher_id == 99
     await wait_until(lambda: sub.malformed == 3, 10, "two bad batches and the bad header counted")
-    assert "sample in a batch message" in str(sub.last_error)
+    assert "sample in a batch on" in str(sub.last_error)
 
 
 async def test_a_malformed_zenoh_batch_is_counted_and_its_good_samples_still_delivered(

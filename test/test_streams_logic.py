@@ -232,10 +232,10 @@ def test_bad_urls_get_a_clear_error(url: str, message: str) -> None:
 
 
 def test_a_batch_message_is_acknowledged_after_its_last_sample_from_any_thread() -> None:
-    from embodied_bus.engines.pulsar_engine import _SharedAck
+    from embodied_bus.engines.base import SharedAck
 
     acked: list[int] = []
-    shared = _SharedAck(400, lambda: acked.append(1))
+    shared = SharedAck(400, lambda: acked.append(1))
     threads = [threading.Thread(target=lambda: [shared() for _ in range(100)]) for _ in range(4)]
     for t in threads[:3]:
         t.start()

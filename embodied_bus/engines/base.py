@@ -8,9 +8,11 @@ hands the result to a :class:`MessageSink`, from its own threads.
 from __future__ import annotations
 
 import abc
+import itertools
 from collections.abc import Callable
 from typing import Any, Protocol
 
+from embodied_bus.errors import HeaderError
 from embodied_bus.model.qos import PublisherOptions, SubscriptionOptions
 from embodied_bus.model.wire import Header
 
@@ -23,6 +25,8 @@ __all__ = [
     "GroupMembership",
     "MembershipCallback",
     "MessageSink",
+    "SharedAck",
+    "hand_over_batch",
 ]
 
 #: Acknowledges one delivered message to the engine (no-op where the engine has no acks).
@@ -53,6 +57,57 @@ class MessageSink(Protocol):
 
     def reject(self, error: Exception, ack: AckFn | None) -> None:
         """A message whose header could not be decoded; ``error`` says why."""
+
+
+class SharedAck:
+    """Acknowledges a batch message once each of its ``count`` samples has been acknowledged
+    (taken, dropped or skipped as a duplicate), from whichever thread does the last one."""
+
+    __slots__ = ("_ack", "_count", "_seen")
+
+    def __init__(self, count: int, ack: AckFn) -> None:
+        self._ack = ack
+        self._count = count
+        self._seen = itertools.count(1)  # next() is atomic: no lock needed
+
+    def __call__(self) -> None:
+        if next(self._seen) == self._count:
+            self._ack()
+
+
+def hand_over_batch(
+    sink: MessageSink,
+    where: str,
+    decode: Callable[[], tuple[list[tuple[Header, bytes]], list[HeaderError]]],
+    ack: AckFn | None,
+) -> None:
+    """Decode a batch with ``decode`` and hand its samples to ``sink``.
+
+    A batch that cannot be read counts as one malformed message (``ack`` acknowledges it); a
+    malformed header inside costs only its own sample; the good samples share ``ack``
+    (:class:`SharedAck`), so the message is acknowledged after the last of them.
+
+    Args:
+        sink: Where the samples go.
+        where: Names the source in error messages (key expression, topic).
+        decode: Returns the well-formed samples and an error per malformed one, or raises
+            :class:`HeaderError`.
+        ack: Acknowledges the whole message (None where the engine has no acks).
+    """
+    try:
+        entries, errors = decode()
+    except HeaderError as err:
+        sink.reject(HeaderError(f"batch on {where}: {err}"), ack)
+        return
+    for bad in errors:
+        sink.reject(HeaderError(f"sample in a batch on {where}: {bad}"), None)
+    if not entries:
+        if ack is not None:
+            ack()
+    elif ack is None:
+        sink.deliver_batch(entries)
+    else:
+        sink.deliver_batch(entries, SharedAck(len(entries), ack))
 
 
 class EnginePublisher(abc.ABC):

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import asyncio
 import fcntl
-import itertools
 import logging
 import os
 import re
@@ -35,6 +34,7 @@ from embodied_bus.engines.base import (
     GroupMembership,
     MembershipCallback,
     MessageSink,
+    hand_over_batch,
 )
 from embodied_bus.engines.urls import PulsarSettings
 from embodied_bus.errors import (
@@ -376,22 +376,6 @@ class _PulsarPublisher(EnginePublisher):
             await close_handle(self._producer)
 
 
-class _SharedAck:
-    """Acknowledges a batch message once each of its ``count`` samples has been acknowledged
-    (taken, dropped or skipped as a duplicate), from whichever thread does the last one."""
-
-    __slots__ = ("_ack", "_count", "_seen")
-
-    def __init__(self, count: int, ack: AckFn) -> None:
-        self._ack = ack
-        self._count = count
-        self._seen = itertools.count(1)  # next() is atomic: no lock needed
-
-    def __call__(self) -> None:
-        if next(self._seen) == self._count:
-            self._ack()
-
-
 def decode_batch_message(prop: str, data: bytes) -> tuple[list[tuple[Header, bytes]], list[HeaderError]]:
     """The samples of a batch message (property :data:`BATCH_PROPERTY` = ``prop``).
 
@@ -513,18 +497,8 @@ class _PulsarSubscriber(EngineSubscriber):
             self._send_acks()
 
     def _deliver_batch(self, msg: Any, prop: str, ack: AckFn) -> None:
-        reject = self._sink.reject
-        try:
-            entries, errors = decode_batch_message(prop, msg.data())
-        except HeaderError as err:
-            reject(HeaderError(f"batch message on {msg.topic_name()}: {err}"), ack)
-            return
-        for bad in errors:
-            reject(HeaderError(f"sample in a batch message on {msg.topic_name()}: {bad}"), None)
-        if entries:
-            self._sink.deliver_batch(entries, _SharedAck(len(entries), ack))
-        else:
-            ack()
+        data = msg.data()
+        hand_over_batch(self._sink, msg.topic_name(), lambda: decode_batch_message(prop, data), ack)
 
     async def catch_up(self, timeout_s: float) -> bool:
         """See :meth:`EngineSubscriber.catch_up`. One round trip to the broker for the topic's

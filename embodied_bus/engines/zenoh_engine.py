@@ -25,6 +25,7 @@ from embodied_bus.engines.base import (
     GroupMembership,
     MembershipCallback,
     MessageSink,
+    hand_over_batch,
 )
 from embodied_bus.engines.urls import ZenohSettings
 from embodied_bus.errors import (
@@ -376,7 +377,6 @@ class _ZenohPublisher(EnginePublisher):
 class _ZenohSubscriber(EngineSubscriber):
     def __init__(self, engine: ZenohEngine, key: str, sink: MessageSink) -> None:
         deliver = sink.deliver
-        deliver_batch = sink.deliver_batch
         reject = sink.reject
 
         def decoded(raw: bytes, sample: zenoh.Sample, what: str) -> Header | None:
@@ -394,15 +394,8 @@ class _ZenohSubscriber(EngineSubscriber):
                 return
             raw_att = att.to_bytes()
             if is_batch(raw_att):
-                try:
-                    entries, errors = decode_batch(raw_att, sample.payload.to_bytes())
-                except HeaderError as err:
-                    reject(HeaderError(f"batch on {sample.key_expr}: {err}"), None)
-                    return
-                for bad in errors:
-                    reject(HeaderError(f"sample in a batch on {sample.key_expr}: {bad}"), None)
-                if entries:
-                    deliver_batch(entries)
+                body = sample.payload.to_bytes()
+                hand_over_batch(sink, str(sample.key_expr), lambda: decode_batch(raw_att, body), None)
                 return
             header = decoded(raw_att, sample, "sample")
             if header is None:
