@@ -338,6 +338,32 @@ async def test_a_pulsar_batch_is_acknowledged_once_all_its_samples_are(bus_pair:
     assert (await last.recv(timeout_s=20)).payload == b"end"  # nothing acknowledged came back
 
 
+async def test_samples_of_a_pulsar_batch_dropped_by_drop_oldest_count_as_acknowledged(
+    bus_pair: BusPair,
+) -> None:
+    if bus_pair.engine != "pulsar":
+        pytest.skip("acknowledgements are a Pulsar feature")
+    n = 600
+    opts = SubscriptionOptions(
+        capacity=4, backpressure=Backpressure.DROP_OLDEST, subscription_name="latest-wins"
+    )
+    sub = await bus_pair.subscriber_bus.subscribe("imu", options=opts)
+    pub = await bus_pair.publisher_bus.publisher("imu", options=BLOCK)
+    for i in range(n):
+        pub.publish_nowait(bytes([i % 256]) * 1024, stamp_ns=1_000 + i)
+    await pub.flush()
+    assert pub._pub.batches > 1, "not several batches"  # type: ignore[attr-defined]
+    await wait_until(lambda: sub.counters()["received"] == n, 20, f"{n} samples received")
+    assert [(await sub.recv(timeout_s=5)).seq for _ in range(4)] == [n - 3, n - 2, n - 1, n]
+    assert sub.counters()["dropped"] == n - 4
+    await sub.close()
+    again = await bus_pair.subscriber_bus.subscribe("imu", options=opts)
+    await pub.publish(b"end", stamp_ns=10**6)
+    await pub.flush()
+    # every batch was acknowledged: its samples were taken or dropped; nothing comes back
+    assert (await again.recv(timeout_s=20)).payload == b"end"
+
+
 async def test_a_malformed_pulsar_batch_is_counted_and_its_good_samples_still_delivered(
     bus_pair: BusPair,
 ) -> None:
