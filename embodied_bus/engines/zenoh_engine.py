@@ -60,8 +60,9 @@ LAZY_COPY_BYTES = 64 * 1024
 _SHM_FLAG = int(HeaderFlags.SHM)
 #: Samples a BLOCK publisher may queue before ``publish`` awaits room ...
 SENDER_HIGH_WATER = 1024
-#: ... and bytes of payload: a queued sample counts as ``ceil(size / slot)`` samples, slot =
-#: this / :data:`SENDER_HIGH_WATER` (64 KiB), so at most ~64 MiB wait (eight 8 MiB clouds).
+#: ... and bytes of payload: a queued sample counts as ``max(1, ceil(size / slot))`` samples,
+#: slot = this / :data:`SENDER_HIGH_WATER` (64 KiB), so at most ~64 MiB wait (eight 8 MiB
+#: clouds).
 SENDER_HIGH_WATER_BYTES = 64 * 1024 * 1024
 _SLOT_BYTES = SENDER_HIGH_WATER_BYTES // SENDER_HIGH_WATER
 #: Samples (header and payload) up to this size that queue up behind a BLOCK publisher's
@@ -152,7 +153,6 @@ class _SenderThread:
         self._sent_slots = 0
         self._cond = threading.Condition(threading.Lock())
         self._idle = False
-        self._busy = 0
         self._waiters: list[asyncio.Future[None]] = []
         self._closed = False
         self.error: BaseException | None = None
@@ -164,7 +164,7 @@ class _SenderThread:
         # for items under the lock before it waits (so an item appended before ``_idle`` is
         # set is seen, and one appended after finds ``_idle`` set and notifies). Taking the
         # lock on every push made the publishing loop queue behind the sender thread.
-        slots = (size + _SLOT_BYTES - 1) // _SLOT_BYTES
+        slots = (size + _SLOT_BYTES - 1) // _SLOT_BYTES or 1
         self._items.append((payload, attachment, slots))
         self._pushed_slots += slots  # written by the publishing thread only
         if self._idle:
@@ -175,8 +175,8 @@ class _SenderThread:
                     self._cond.notify()
 
     def backlog(self) -> int:
-        """Queued samples, or slots of :data:`_SLOT_BYTES` if their payloads are larger."""
-        return max(len(self._items) + self._busy, self._pushed_slots - self._sent_slots)
+        """Slots (a sample, or one per :data:`_SLOT_BYTES` of its payload) queued or being put."""
+        return self._pushed_slots - self._sent_slots
 
     def _run(self) -> None:
         items = self._items
@@ -191,14 +191,12 @@ class _SenderThread:
                         self._wake_all()
                         return
             n = len(items)  # the pushing thread may append meanwhile: taken next round
-            self._busy = n
             take = items.popleft
             batch = [take() for _ in range(n)]
             err = self._put_all(batch)
             if err is not None:  # reported on the next publish or flush
                 self.error = err
             self._sent_slots += sum([slots for _, _, slots in batch])
-            self._busy = 0
             with self._cond:
                 self._wake_all()
 
