@@ -21,7 +21,7 @@ from embodied_bus.model import (
     encode_properties,
     validate_stream_name,
 )
-from embodied_bus.model.wire import decode_batch, encode_batch, is_batch, split_batch
+from embodied_bus.model.wire import HeaderPacker, decode_batch, encode_batch, is_batch, split_batch
 
 BASE = Header(
     stream="lidar/front",
@@ -69,6 +69,22 @@ def test_any_valid_header_round_trips(
     )
     assert decode_header(encode_header(h)) == h
     assert decode_properties(encode_properties(h)) == h
+
+
+@given(
+    frame=st.text(max_size=40),
+    modality=st.sampled_from(list(Modality)),
+    seq=st.integers(1, 2**64 - 1),
+    stamp=st.integers(-(2**62), 2**62),
+    width=st.integers(1, 2**40),
+    publish=st.integers(-(2**62), 2**62),
+)
+def test_the_header_packer_writes_the_bytes_encode_header_writes(
+    frame: str, modality: Modality, seq: int, stamp: int, width: int, publish: int
+) -> None:
+    template = BASE._replace(frame_id=frame, modality=modality, bucket_width_ns=width)
+    h = template._replace(seq=seq, stamp_ns=stamp, bucket=stamp // width, publish_ns=publish)
+    assert HeaderPacker(template)(seq, stamp, stamp // width, publish) == encode_header(h)
 
 
 @pytest.mark.parametrize(

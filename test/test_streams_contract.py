@@ -41,11 +41,23 @@ async def test_samples_arrive_in_order_with_header_fields(bus_pair: BusPair) -> 
     )
     await _ready(pub, bus_pair)
     t0 = 1_700_000_000_123_456_789
+    sent: list[Header] = []
     for i in range(300):
-        await pub.publish(i.to_bytes(4, "little"), stamp_ns=t0 + i * 5_000_000)
+        data = i.to_bytes(4, "little")
+        stamp_ns = t0 + i * 5_000_000
+        if i % 50 == 7:  # samples with their own frame_id / encoding, or not bytes, in between
+            sent.append(await pub.publish(data, stamp_ns=stamp_ns, frame_id="imu_other"))
+        elif i % 50 == 8:
+            sent.append(await pub.publish(data, stamp_ns=stamp_ns, encoding="cdr:sensor_msgs/msg/Imu"))
+        elif i % 50 == 9:
+            sent.append(await pub.publish(bytearray(data), stamp_ns=stamp_ns))
+        else:
+            sent.append(await pub.publish(data, stamp_ns=stamp_ns))
     await pub.flush()
     got = [await sub.recv(timeout_s=20) for _ in range(300)]
+    assert [s.header for s in got] == sent, "received headers differ from those publish returned"
     assert [s.seq for s in got] == list(range(1, 301))
+    assert got[7].header.frame_id == "imu_other" and got[8].header.encoding == "cdr:sensor_msgs/msg/Imu"
     assert [int.from_bytes(s.payload, "little") for s in got] == list(range(300))
     first = got[0]
     assert first.stream == "imu" and first.modality is Modality.IMU

@@ -22,6 +22,7 @@ __all__ = [
     "EngineBuffer",
     "EnginePublisher",
     "EngineSubscriber",
+    "FastSend",
     "GroupMembership",
     "MembershipCallback",
     "MessageSink",
@@ -31,6 +32,9 @@ __all__ = [
 
 #: Acknowledges one delivered message to the engine (no-op where the engine has no acks).
 AckFn = Callable[[], None]
+#: Sends one sample given the header fields that vary: ``(seq, stamp_ns, bucket, publish_ns,
+#: payload)``; returns False if dropped (see :meth:`EnginePublisher.fast_sender`).
+FastSend = Callable[[int, int, int, int, bytes], bool]
 
 
 class EngineBuffer(Protocol):
@@ -129,6 +133,18 @@ class EnginePublisher(abc.ABC):
             PublishError: The engine refused it.
             PayloadTooLargeError: Over the engine limit.
         """
+
+    def fast_sender(self, template: Header) -> FastSend | None:
+        """A sender specialised for samples whose header equals ``template`` except in seq,
+        stamp_ns, bucket and publish_ns (the common case: a publisher's own encoding and
+        frame_id, no flags), or None if the engine has none (then :meth:`send` is used).
+
+        The returned callable takes ``(seq, stamp_ns, bucket, publish_ns, payload)`` and
+        behaves as :meth:`send` would with the full header; it must send what :meth:`send`
+        would (same wire bytes).
+        """
+        del template
+        return None
 
     def backlog(self) -> int:
         """Samples accepted by :meth:`send` but not yet handed to the engine's transport."""

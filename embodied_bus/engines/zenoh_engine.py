@@ -22,6 +22,7 @@ from embodied_bus.engines.base import (
     Engine,
     EnginePublisher,
     EngineSubscriber,
+    FastSend,
     GroupMembership,
     MembershipCallback,
     MessageSink,
@@ -40,6 +41,7 @@ from embodied_bus.model.wire import (
     MAX_BATCH_SAMPLES,
     Header,
     HeaderFlags,
+    HeaderPacker,
     decode_batch,
     decode_header,
     encode_batch,
@@ -310,6 +312,38 @@ class _ZenohPublisher(EnginePublisher):
         except zenoh.ZError as err:
             raise PublishError(f"zenoh put on {header.stream!r} failed: {err}") from err
         return True
+
+    def fast_sender(self, template: Header) -> FastSend | None:
+        if self._shm_threshold is not None:
+            return None  # large samples take the shared-memory path of send()
+        packer = HeaderPacker(template)
+        pack, head, mid, tail = packer.pack, packer.head, packer.mid, packer.tail
+        stream = template.stream
+        sender = self._sender
+        if sender is None:
+            put = self._put
+
+            def put_now(seq: int, stamp_ns: int, bucket: int, publish_ns: int, payload: bytes) -> bool:
+                if self._closed:
+                    raise BusClosedError(f"publisher for {stream!r} is closed")
+                try:
+                    put(payload, attachment=pack(head, seq, stamp_ns, bucket, mid, publish_ns, tail))
+                except zenoh.ZError as err:
+                    raise PublishError(f"zenoh put on {stream!r} failed: {err}") from err
+                return True
+
+            return put_now
+        push = sender.push
+
+        def queue(seq: int, stamp_ns: int, bucket: int, publish_ns: int, payload: bytes) -> bool:
+            if self._closed:
+                raise BusClosedError(f"publisher for {stream!r} is closed")
+            if sender.error is not None:
+                self._raise(stream, sender)
+            push(payload, pack(head, seq, stamp_ns, bucket, mid, publish_ns, tail), len(payload))
+            return True
+
+        return queue
 
     def send(self, header: Header, payload: bytes | bytearray) -> bool:
         if self._closed:

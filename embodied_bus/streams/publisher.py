@@ -9,8 +9,8 @@ from typing import Any
 
 import numpy as np
 
-from embodied_bus.engines.base import EnginePublisher
-from embodied_bus.errors import BusClosedError, PayloadTooLargeError
+from embodied_bus.engines.base import EnginePublisher, FastSend
+from embodied_bus.errors import BusClosedError, HeaderError, PayloadTooLargeError
 from embodied_bus.model.clock import BucketClock
 from embodied_bus.model.encoding import ENCODING_NPY, encode_npy
 from embodied_bus.model.qos import PublisherOptions
@@ -21,6 +21,8 @@ __all__ = ["Publisher"]
 
 #: Builds a :class:`Header` from a tuple of its fields without the keyword-handling constructor.
 _new_tuple: Any = tuple.__new__
+_time_ns = time.time_ns
+_NONE = HeaderFlags.NONE
 
 
 class Publisher:
@@ -42,13 +44,13 @@ class Publisher:
         options: PublisherOptions,
     ) -> None:
         self._pub = engine_pub
-        self.stream = stream
-        self.modality = modality
-        self.encoding = encoding
-        self.frame_id = frame_id
-        self.clock = clock
+        self._stream = stream
+        self._modality = modality
+        self._encoding = encoding
+        self._frame_id = frame_id
+        self._clock = clock
         self.options = options
-        self.publisher_id = random.getrandbits(64)
+        self._publisher_id = random.getrandbits(64)
         self._seq = 0
         self._closed = False
         limit = options.max_payload_bytes
@@ -57,10 +59,51 @@ class Publisher:
         self._limit = limit
         self._high_water = engine_pub.high_water
         self._backlog = engine_pub.backlog
+        # The publisher's own samples (its encoding and frame_id, a sensor stamp, bytes) go
+        # through the engine's specialised sender if it has one: ~2x cheaper per sample.
+        pub_id = self._publisher_id
+        self._static = (stream, modality, clock.width_ns, clock.offset_ns, encoding, frame_id, pub_id)
+        template = Header(
+            stream, modality, 1, 0, 0, clock.width_ns, clock.offset_ns, encoding, frame_id, pub_id, 0
+        )
+        try:
+            self._fast: FastSend | None = engine_pub.fast_sender(template)
+        except HeaderError:  # names too long: send() names the error on the first publish
+            self._fast = None
         #: Samples the engine dropped (drop_oldest with a full queue).
         self.dropped = 0
         #: Samples handed to the engine.
         self.sent = 0
+
+    @property
+    def stream(self) -> str:
+        """Stream name."""
+        return self._stream
+
+    @property
+    def modality(self) -> Modality:
+        """Sensor kind of the stream."""
+        return self._modality
+
+    @property
+    def encoding(self) -> str:
+        """Encoding of samples published without an ``encoding`` of their own."""
+        return self._encoding
+
+    @property
+    def frame_id(self) -> str:
+        """frame_id of samples published without a ``frame_id`` of their own."""
+        return self._frame_id
+
+    @property
+    def clock(self) -> BucketClock:
+        """Maps stamps to buckets."""
+        return self._clock
+
+    @property
+    def publisher_id(self) -> int:
+        """Random 64-bit id of this publisher (scopes its sequence numbers)."""
+        return self._publisher_id
 
     @property
     def seq(self) -> int:
@@ -106,13 +149,39 @@ class Publisher:
         stamp_fallback: bool,
         from_thread: bool,
     ) -> Header:
+        fast = self._fast
+        if (
+            fast is not None
+            and type(payload) is bytes
+            and encoding is None
+            and frame_id is None
+            and stamp_ns
+            and not stamp_fallback
+            and not from_thread
+            and len(payload) <= self._limit
+            and not self._closed
+        ):
+            stream, mod, width_ns, offset_ns, enc, frame, pub_id = self._static
+            seq = self._seq + 1
+            now_ns = _time_ns()
+            bucket = (stamp_ns - offset_ns) // width_ns
+            accepted = fast(seq, stamp_ns, bucket, now_ns, payload)
+            self._seq = seq
+            if accepted:
+                self.sent += 1
+            else:
+                self.dropped += 1
+            return _new_tuple(  # type: ignore[no-any-return]
+                Header,
+                (stream, mod, seq, stamp_ns, bucket, width_ns, offset_ns, enc, frame, pub_id, now_ns, _NONE),
+            )
         if self._closed:
-            raise BusClosedError(f"publisher for {self.stream!r} is closed")
+            raise BusClosedError(f"publisher for {self._stream!r} is closed")
         data: bytes | bytearray
         if type(payload) is bytes:
             data = payload
         elif isinstance(payload, np.ndarray):
-            enc = encoding or self.encoding
+            enc = encoding or self._encoding
             data = encode_npy(payload) if enc == ENCODING_NPY else payload.tobytes()
         elif isinstance(payload, memoryview):
             data = payload.tobytes()
@@ -124,7 +193,7 @@ class Publisher:
             )
         if len(data) > self._limit:
             raise PayloadTooLargeError(
-                f"payload of {len(data)} bytes on stream {self.stream!r} exceeds the limit of "
+                f"payload of {len(data)} bytes on stream {self._stream!r} exceeds the limit of "
                 f"{self._limit} bytes"
                 + (
                     " (Pulsar without chunking; enable PublisherOptions(chunking=True))"
@@ -138,20 +207,20 @@ class Publisher:
             stamp_ns = now_ns
             flags = HeaderFlags.STAMP_FALLBACK
         seq = self._seq + 1
-        clock = self.clock
+        clock = self._clock
         header: Header = _new_tuple(
             Header,
             (
-                self.stream,
-                self.modality,
+                self._stream,
+                self._modality,
                 seq,
                 stamp_ns,
                 (stamp_ns - clock.offset_ns) // clock.width_ns,
                 clock.width_ns,
                 clock.offset_ns,
-                encoding or self.encoding,
-                self.frame_id if frame_id is None else frame_id,
-                self.publisher_id,
+                encoding or self._encoding,
+                self._frame_id if frame_id is None else frame_id,
+                self._publisher_id,
                 now_ns,
                 flags,
             ),
