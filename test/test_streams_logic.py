@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import threading
+import time
 
 import pytest
 from hypothesis import given
@@ -14,6 +15,7 @@ from embodied_bus.engines.urls import PulsarSettings, ZenohSettings, parse_bus_u
 from embodied_bus.model import Header, Modality
 from embodied_bus.model.qos import SubscriptionOptions
 from embodied_bus.streams import BoundedBuffer, SequenceTracker, Subscription, Verdict
+from embodied_bus.streams.backpressure import RESUME_FRACTION
 from embodied_bus.streams.tracker import MAX_TRACKED_MISSING
 
 
@@ -166,6 +168,27 @@ async def test_a_block_buffer_given_many_at_once_wakes_the_consumer_waits_and_lo
     assert got == list(range(100)) and done.is_set() and buf.dropped == 0
     buf.close()
     assert buf.put_many([1, 2]) == [1, 2]  # closed: nothing is taken
+
+
+async def test_a_blocked_producer_resumes_once_a_quarter_of_the_buffer_is_free_not_per_slot() -> None:
+    buf: BoundedBuffer[int] = BoundedBuffer(100, Backpressure.BLOCK, asyncio.get_running_loop())
+    n = 2000
+
+    def produce() -> None:
+        assert buf.put_many(list(range(n // 2))) == []
+        for i in range(n // 2, n):
+            assert buf.put(i) is None
+
+    th = threading.Thread(target=produce)
+    th.start()
+    got = []
+    for _ in range(n):
+        got.append(await buf.get(5))
+        time.sleep(0.00005)  # work on the sample, letting the producer thread run
+    th.join(5)
+    assert got == list(range(n)) and buf.dropped == 0
+    # woken per freed slot, a producer waits about once per item taken from a full buffer
+    assert 0 < buf.waits <= 2 * (n // (100 // RESUME_FRACTION)), buf.waits
 
 
 async def test_get_times_out_and_close_wakes_a_waiting_consumer() -> None:

@@ -14,8 +14,8 @@ import enum
 import logging
 import re
 import struct
-from collections.abc import Mapping
-from itertools import accumulate
+from collections.abc import Iterable, Mapping
+from itertools import accumulate, repeat
 from typing import NamedTuple
 
 from embodied_bus.errors import HeaderError
@@ -392,20 +392,35 @@ def _decode_run(
                 first = None
             if first is not None and 0 not in seqs:
                 stream, mod, _, _, _, width_ns, offset_ns, encoding, frame_id, pub, _, flags = first
-                w, o, e, f = width_ns, offset_ns, encoding, frame_id
-                headers = [
-                    _new_header(Header, (stream, mod, q, t, b, w, o, e, f, pub, p, flags))
-                    for q, t, b, p in zip(seqs, stamps, buckets, publish, strict=True)
-                ]
+                # built by map/zip in C: no bytecode runs per sample
+                fields = zip(
+                    repeat(stream),
+                    repeat(mod),
+                    seqs,
+                    stamps,
+                    buckets,
+                    repeat(width_ns),
+                    repeat(offset_ns),
+                    repeat(encoding),
+                    repeat(frame_id),
+                    repeat(pub),
+                    publish,
+                    repeat(flags),
+                )
+                headers = map(_new_header, repeat(Header), fields)
                 sizes = table[1::2]
                 step = sizes[0]
                 if step == 0 and sizes.count(0) == count:
                     bodies = [b""] * count  # empty payloads (markers, triggers)
-                elif sizes.count(step) == count:
-                    bodies = [payload[i : i + step] for i in range(0, count * step, step)]
                 else:
-                    ends = list(accumulate(sizes))
-                    bodies = [payload[lo:hi] for lo, hi in zip([0, *ends[:-1]], ends, strict=True)]
+                    starts: Iterable[int]
+                    stops: Iterable[int]
+                    if sizes.count(step) == count:
+                        starts, stops = range(0, count * step, step), range(step, count * step + step, step)
+                    else:
+                        ends = list(accumulate(sizes))
+                        starts, stops = [0, *ends[:-1]], ends
+                    bodies = list(map(payload.__getitem__, map(slice, starts, stops)))
                 return list(zip(headers, bodies, strict=True))
     return None
 

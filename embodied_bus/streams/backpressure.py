@@ -10,9 +10,13 @@ from typing import Generic, TypeVar
 from embodied_bus.errors import BusClosedError
 from embodied_bus.model.qos import Backpressure
 
-__all__ = ["BoundedBuffer"]
+__all__ = ["RESUME_FRACTION", "BoundedBuffer"]
 
 T = TypeVar("T")
+
+#: Under ``BLOCK``, a producer waiting for room resumes once 1/this of the buffer is free
+#: (or the room it needs, if less).
+RESUME_FRACTION = 4
 
 
 def _wake(fut: asyncio.Future[None]) -> None:
@@ -39,10 +43,16 @@ class BoundedBuffer(Generic[T]):
         self._lock = threading.Lock()
         self._not_full = threading.Condition(self._lock)
         self._blocked = 0
+        # A blocked producer is woken once this much room is free, not at every freed slot:
+        # a full buffer then costs one thread switch per batch of samples, not one per sample.
+        self._resume_room = max(1, capacity // RESUME_FRACTION)
+        self._room_wanted = 1
         self._waiter: asyncio.Future[None] | None = None
         self._closed = False
         #: Items discarded by ``DROP_OLDEST``.
         self.dropped = 0
+        #: Times a producer waited for room (``BLOCK``).
+        self.waits = 0
 
     def __len__(self) -> int:
         return len(self._items)
@@ -63,12 +73,7 @@ class BoundedBuffer(Generic[T]):
                     dropped = self._items.popleft()
                     self.dropped += 1
                 else:
-                    self._blocked += 1
-                    try:
-                        while len(self._items) >= self.capacity and not self._closed:
-                            self._not_full.wait(0.5)
-                    finally:
-                        self._blocked -= 1
+                    self._wait_for_room(self._resume_room)
                     if self._closed:
                         return item
             self._items.append(item)
@@ -104,12 +109,7 @@ class BoundedBuffer(Generic[T]):
                         self._waiter = None
                         if waiter is not None:
                             self._loop.call_soon_threadsafe(_wake, waiter)
-                        self._blocked += 1
-                        try:
-                            while len(buf) >= self.capacity and not self._closed:
-                                self._not_full.wait(0.5)
-                        finally:
-                            self._blocked -= 1
+                        self._wait_for_room(len(items) - i)
                         continue
                 if self.policy is Backpressure.DROP_OLDEST and len(items) - i > self.capacity:
                     # only the newest `capacity` can survive: the rest are dropped unbuffered
@@ -129,6 +129,23 @@ class BoundedBuffer(Generic[T]):
             self._loop.call_soon_threadsafe(_wake, waiter)
         return dropped
 
+    def _wait_for_room(self, needed: int) -> None:
+        """Wait (lock held) until ``min(needed, resume room)`` slots are free or it closes."""
+        want = min(needed, self._resume_room)
+        self.waits += 1
+        self._blocked += 1
+        try:
+            while self.capacity - len(self._items) < want and not self._closed:
+                self._room_wanted = want
+                self._not_full.wait(0.5)
+        finally:
+            self._blocked -= 1
+
+    def _took(self) -> None:
+        """After a pop (lock held): wake blocked producers once there is the room they want."""
+        if self.capacity - len(self._items) >= self._room_wanted:
+            self._not_full.notify_all()
+
     def get_nowait(self) -> T | None:
         """Pop the oldest item, or return None if empty."""
         with self._lock:
@@ -136,7 +153,7 @@ class BoundedBuffer(Generic[T]):
                 return None
             item = self._items.popleft()
             if self._blocked:
-                self._not_full.notify()
+                self._took()
             return item
 
     async def get(self, timeout_s: float | None = None) -> T:
@@ -151,7 +168,7 @@ class BoundedBuffer(Generic[T]):
                 if self._items:
                     item = self._items.popleft()
                     if self._blocked:
-                        self._not_full.notify()
+                        self._took()
                     return item
                 if self._closed:
                     raise BusClosedError("subscription closed")

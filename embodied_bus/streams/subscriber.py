@@ -6,6 +6,8 @@ import asyncio
 import logging
 import time
 from collections.abc import AsyncIterator, Callable
+from itertools import repeat
+from operator import itemgetter
 
 from embodied_bus.engines.base import AckFn, EngineBuffer, EngineSubscriber
 from embodied_bus.errors import BusClosedError, PayloadTooLargeError
@@ -20,6 +22,10 @@ __all__ = ["Subscription"]
 
 _log = logging.getLogger("embodied_bus.streams")
 _DUPLICATE = Verdict.DUPLICATE
+_field = Header._fields.index
+_seq_of = itemgetter(_field("seq"))
+_source_of = itemgetter(_field("stream"), _field("publisher_id"))
+_publish_ns_of = itemgetter(_field("publish_ns"))
 _OUT_OF_ORDER = Verdict.OUT_OF_ORDER
 
 #: A buffered sample, its ack, and the engine buffer its payload is still to be copied from.
@@ -98,16 +104,22 @@ class Subscription:
             last.seq - first.seq == n - 1
             and last.publisher_id == first.publisher_id
             and last.stream == first.stream
-            and [h.seq for h, _ in items] == list(range(first.seq, first.seq + n))
-            and all(h.publisher_id == first.publisher_id and h.stream == first.stream for h, _ in items)
         ):
-            sizes = [len(p) for _, p in items]
-            if max(sizes) <= limit:
-                run = self._stream_stats(first.stream)
-                latencies = [now - h.publish_ns for h, _ in items]
-                if run.observe_run(first.publisher_id, first.seq, sizes, latencies):
-                    self._put_items([(Sample(h, p, now), ack, None) for h, p in items])
-                    return
+            # one publisher's consecutive samples (the usual batch): checked and accounted
+            # with map/zip, which run no bytecode per sample
+            headers, payloads = zip(*items, strict=True)
+            if (
+                list(map(_seq_of, headers)) == list(range(first.seq, first.seq + n))
+                and len(set(map(_source_of, headers))) == 1
+            ):
+                sizes = list(map(len, payloads))
+                if max(sizes) <= limit:
+                    run = self._stream_stats(first.stream)
+                    latencies = list(map(now.__sub__, map(_publish_ns_of, headers)))
+                    if run.observe_run(first.publisher_id, first.seq, sizes, latencies):
+                        samples = map(Sample, headers, payloads, repeat(now))
+                        self._put_items(list(zip(samples, repeat(ack), repeat(None))))
+                        return
         keep_duplicates = self.options.deliver_duplicates
         st: StreamStats | None = None
         out: list[_Item] = []
