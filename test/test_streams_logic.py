@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import threading
 import time
+from types import SimpleNamespace
 
 import pytest
 from hypothesis import given
@@ -268,3 +269,24 @@ def test_a_batch_message_is_acknowledged_after_its_last_sample_from_any_thread()
     threads[3].start()
     threads[3].join()
     assert acked == [1]
+
+
+@given(st.lists(st.integers(0, 12_000), min_size=1, max_size=300))
+def test_the_zenoh_sender_cuts_a_burst_into_the_same_puts_on_its_fast_and_general_paths(
+    sizes: list[int],
+) -> None:
+    from embodied_bus.engines.zenoh_engine import _ZenohPublisher
+
+    def puts(shm_threshold: int | None) -> list[tuple[bytes, bytes]]:
+        out: list[tuple[bytes, bytes]] = []
+        fake = SimpleNamespace(
+            _put=lambda body, attachment: out.append((bytes(attachment), bytes(body))),
+            _shm_threshold=shm_threshold,
+            batches=0,
+        )
+        items = [(bytes([i % 251]) * n, b"h%d" % i, 1) for i, n in enumerate(sizes)]
+        assert _ZenohPublisher._put_all(fake, items) is None  # type: ignore[arg-type]
+        return out
+
+    # a threshold no payload reaches takes the general path with the same (bytes) payloads
+    assert puts(None) == puts(1 << 40)

@@ -11,8 +11,11 @@ import json
 import logging
 import threading
 import time
+from bisect import bisect_right
 from collections import deque
 from collections.abc import Callable
+from itertools import accumulate
+from operator import add
 from typing import Any
 
 import zenoh
@@ -45,6 +48,7 @@ from embodied_bus.model.wire import (
     decode_batch,
     decode_header,
     encode_batch,
+    encode_batch_parts,
     encode_header,
     encode_strings,
     is_batch,
@@ -257,6 +261,27 @@ class _ZenohPublisher(EnginePublisher):
         error, if any put failed."""
         put = self._put
         error: BaseException | None = None
+        if self._shm_threshold is None and len(items) > 1:  # payloads are all bytes
+            bodies, atts, _ = zip(*items, strict=True)
+            sizes = list(map(add, map(len, atts), map(len, bodies)))
+            if max(sizes) <= BATCH_ITEM_MAX_BYTES:  # the usual burst: cut with C-level calls
+                ends = list(accumulate(sizes))
+                n = len(items)
+                i = 0
+                while i < n:
+                    start = ends[i - 1] if i else 0
+                    j = bisect_right(ends, start + BATCH_MAX_BYTES, i + 1, min(n, i + MAX_BATCH_SAMPLES))
+                    try:
+                        if j - i == 1:
+                            put(bodies[i], attachment=atts[i])
+                        else:
+                            att, body = encode_batch_parts(atts[i:j], bodies[i:j])
+                            put(body, attachment=att)
+                            self.batches += 1
+                    except BaseException as err:
+                        error = err
+                    i = j
+                return error
         run: list[tuple[bytes, bytes | bytearray]] = []
         run_bytes = 0
 

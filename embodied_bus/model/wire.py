@@ -14,8 +14,8 @@ import enum
 import logging
 import re
 import struct
-from collections.abc import Iterable, Mapping
-from itertools import accumulate, repeat
+from collections.abc import Iterable, Mapping, Sequence
+from itertools import accumulate, chain, repeat
 from typing import NamedTuple
 
 from embodied_bus.errors import HeaderError
@@ -37,6 +37,7 @@ __all__ = [
     "decode_header",
     "decode_properties",
     "encode_batch",
+    "encode_batch_parts",
     "encode_header",
     "encode_header_text",
     "encode_properties",
@@ -318,9 +319,17 @@ def encode_batch(entries: list[tuple[bytes, bytes | bytearray]]) -> tuple[bytes,
     Returns:
         ``(attachment, payload)``.
     """
-    table = [len(x) for h, p in entries for x in (h, p)]
-    head = _BATCH_HEAD.pack(WIRE_MAGIC, BATCH_LAYOUT, len(entries)) + struct.pack(f"<{len(table)}I", *table)
-    return head + b"".join(h for h, _ in entries), b"".join(p for _, p in entries)
+    headers, payloads = zip(*entries, strict=True)
+    return encode_batch_parts(headers, payloads)
+
+
+def encode_batch_parts(
+    headers: Sequence[bytes], payloads: Sequence[bytes | bytearray]
+) -> tuple[bytes, bytes]:
+    """:func:`encode_batch` of ``zip(headers, payloads)`` (the two as separate sequences)."""
+    table = list(chain.from_iterable(zip(map(len, headers), map(len, payloads), strict=True)))
+    head = _BATCH_HEAD.pack(WIRE_MAGIC, BATCH_LAYOUT, len(headers)) + struct.pack(f"<{len(table)}I", *table)
+    return head + b"".join(headers), b"".join(payloads)
 
 
 def _batch_table(attachment: bytes, payload: bytes) -> tuple[int, tuple[int, ...]]:
