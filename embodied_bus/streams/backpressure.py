@@ -136,7 +136,8 @@ class BoundedBuffer(Generic[T]):
         self._blocked += 1
         try:
             while self.capacity - len(self._items) < want and not self._closed:
-                self._room_wanted = want
+                # several blocked producers: wake at the smallest room any of them wants
+                self._room_wanted = want if self._blocked == 1 else min(want, self._room_wanted)
                 self._not_full.wait(0.5)
         finally:
             self._blocked -= 1
