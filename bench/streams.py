@@ -5,12 +5,16 @@ measured in the same run. Prints one JSON document.
 Usage: python bench/streams.py [--quick] [--engines zenoh,pulsar] [--pulsar-url URL]
 
 Without --pulsar-url an Apache Pulsar standalone is started (and stopped) by the script.
-Both sides use identical engine settings (Zenoh: reliable, congestion BLOCK; Pulsar: the
+Both sides use the same engine settings (Zenoh: reliable, congestion BLOCK; Pulsar: the
 client's batching off, chunking on, block_if_queue_full), so ``ratio`` = ours / raw is the cost
 (or gain) of the bus. On both engines a lossless publisher of ours batches small samples itself
 while the engine is behind (Zenoh: the sender thread is busy; Pulsar: 64+ sends unconfirmed);
 for reference, Pulsar's small sizes also report ``raw_client_batching``: raw pulsar-client
 with its own batching on (not usable with chunking, so not what either side runs by default).
+Zenoh moves large messages between processes of one host through a shared-memory pool;
+embodied_bus configures a larger one than Zenoh's default (``DEFAULT_SHM_POOL_BYTES``), so
+Zenoh's 1 MiB and 8 MiB sizes also report ``raw_same_shm_pool`` and ``ratio_same_shm_pool``:
+raw zenoh-python given the same pool.
 """
 
 from __future__ import annotations
@@ -47,7 +51,8 @@ def result(n: int, size: int, seconds: float) -> dict[str, float]:
 
 
 # --------------------------------------------------------------------------- zenoh raw
-def zenoh_pair() -> tuple[Any, Any]:
+def zenoh_pair(shm_pool_bytes: int | None = None) -> tuple[Any, Any]:
+    """Two raw sessions on loopback with Zenoh's defaults (or this shared-memory pool size)."""
     import zenoh
 
     from embodied_bus.testing.ports import free_port
@@ -60,6 +65,8 @@ def zenoh_pair() -> tuple[Any, Any]:
         c.insert_json5("scouting/multicast/enabled", "false")
         key = "listen/endpoints" if listen else "connect/endpoints"
         c.insert_json5(key, json.dumps([f"tcp/127.0.0.1:{port}"]))
+        if shm_pool_bytes is not None:
+            c.insert_json5("transport/shared_memory/transport_optimization/pool_size", str(shm_pool_bytes))
         return c
 
     a = zenoh.open(cfg(True))
@@ -67,10 +74,10 @@ def zenoh_pair() -> tuple[Any, Any]:
     return a, b
 
 
-def raw_zenoh_throughput(size: int, n: int) -> dict[str, float]:
+def raw_zenoh_throughput(size: int, n: int, shm_pool_bytes: int | None = None) -> dict[str, float]:
     import zenoh
 
-    a, b = zenoh_pair()
+    a, b = zenoh_pair(shm_pool_bytes)
     done = threading.Event()
     got = [0]
 
@@ -323,6 +330,17 @@ def bench_engine(engine: str, quick: bool, pulsar_url: str | None) -> dict[str, 
             assert pulsar_url
             batched = raw_pulsar_throughput(pulsar_url, size, n, client_batching=True)
             out[label]["raw_client_batching"] = batched
+        if engine == "zenoh" and size >= 1 << 20:
+            # embodied_bus gives Zenoh a larger shared-memory pool for large messages than
+            # Zenoh's default (DEFAULT_SHM_POOL_BYTES); raw zenoh-python with that pool too:
+            from embodied_bus.engines.urls import DEFAULT_SHM_POOL_BYTES
+
+            same = max(
+                (raw_zenoh_throughput(size, n, DEFAULT_SHM_POOL_BYTES) for _ in range(reps)),
+                key=lambda r: r["msgs_per_s"],
+            )
+            out[label]["raw_same_shm_pool"] = same
+            out[label]["ratio_same_shm_pool"] = ratio(ours, same)
     n_lat = 500 if quick else 2000
     if engine == "zenoh":
         port = free_port()

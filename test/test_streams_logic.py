@@ -235,6 +235,33 @@ def test_pulsar_urls_are_parsed() -> None:
 
 
 @pytest.mark.parametrize(
+    ("url", "pool_bytes"),
+    [
+        ("zenoh:", 32 << 20),  # embodied_bus's default, larger than Zenoh's 16 MiB
+        ("zenoh:?shm_pool=64MiB", 64 << 20),
+        ("zenoh:?shm_pool=1048576", 1 << 20),
+        ("zenoh:?shm_pool=0", 16 << 20),  # 0: Zenoh's own default
+    ],
+)
+def test_the_zenoh_shared_memory_pool_size_comes_from_the_url_or_the_default(
+    url: str, pool_bytes: int
+) -> None:
+    from embodied_bus.engines.zenoh_engine import build_zenoh_config
+
+    cfg = build_zenoh_config(parse_bus_url(url))  # type: ignore[arg-type]
+    assert cfg.get_json("transport/shared_memory/transport_optimization/pool_size") == str(pool_bytes)
+
+
+def test_a_zenoh_config_file_that_sets_the_shared_memory_pool_keeps_it(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    from embodied_bus.engines.zenoh_engine import build_zenoh_config
+
+    path = tmp_path / "robot.json5"
+    path.write_text("{transport: {shared_memory: {transport_optimization: {pool_size: 8388608}}}}")
+    cfg = build_zenoh_config(parse_bus_url(f"zenoh:?config={path}"))  # type: ignore[arg-type]
+    assert cfg.get_json("transport/shared_memory/transport_optimization/pool_size") == "8388608"
+
+
+@pytest.mark.parametrize(
     ("url", "message"),
     [
         ("kafka://localhost:9092", "unknown bus URL scheme 'kafka'"),
@@ -243,6 +270,8 @@ def test_pulsar_urls_are_parsed() -> None:
         ("zenoh:?mode=client", "needs connect"),
         ("zenoh:?scouting=maybe", "scouting"),
         ("zenoh:?shm=perhaps", "shm"),
+        ("zenoh:?shm_pool=lots", "shm_pool='lots' is not a size"),
+        ("zenoh:?shm_pool=-5", "is not a size"),
         ("zenoh:?ns=robot one", "invalid namespace"),
         ("zenoh:?timeout=-1", "timeout"),
         ("pulsar://", "needs a host"),

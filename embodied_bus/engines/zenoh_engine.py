@@ -31,7 +31,7 @@ from embodied_bus.engines.base import (
     MessageSink,
     hand_over_batch,
 )
-from embodied_bus.engines.urls import ZenohSettings
+from embodied_bus.engines.urls import DEFAULT_SHM_POOL_BYTES, ZenohSettings
 from embodied_bus.errors import (
     BusClosedError,
     BusConfigError,
@@ -97,6 +97,9 @@ def stream_key(namespace: str, stream: str | None) -> str:
     return f"eb/{namespace}/s/{stream}" if stream is not None else f"eb/{namespace}/s/**"
 
 
+_SHM_POOL_KEY = "transport/shared_memory/transport_optimization/pool_size"
+
+
 def build_zenoh_config(settings: ZenohSettings) -> zenoh.Config:
     """Translate settings into a Zenoh config.
 
@@ -115,6 +118,13 @@ def build_zenoh_config(settings: ZenohSettings) -> zenoh.Config:
             cfg.insert_json5("connect/exit_on_failure", "true")
         if settings.shm is not None:
             cfg.insert_json5("transport/shared_memory/enabled", json.dumps(settings.shm))
+        pool = settings.shm_pool_bytes
+        if pool is None:
+            engine_default = zenoh.Config().get_json(_SHM_POOL_KEY)
+            if settings.config_file is None or cfg.get_json(_SHM_POOL_KEY) == engine_default:
+                pool = DEFAULT_SHM_POOL_BYTES  # the config file did not choose one
+        if pool:
+            cfg.insert_json5(_SHM_POOL_KEY, str(pool))
         tls = "transport/link/tls/"
         if settings.tls_ca:
             cfg.insert_json5(tls + "root_ca_certificate", json.dumps(settings.tls_ca))
