@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+import os
+import signal
+import subprocess
+import sys
 import threading
 import time
 from pathlib import Path
@@ -55,3 +59,57 @@ def test_a_registration_that_settled_is_not_flapping(tmp_path: Path, monkeypatch
         assert not broker._registration_flapping()
     finally:
         writer.join()
+
+
+# The dev broker (`python -m embodied_bus.testing.pulsar run`) with a stand-in for the Java
+# process, so that what is tested is the harness's own shutdown, in a real child process.
+_DEV_BROKER = """
+import subprocess, sys
+from pathlib import Path
+from embodied_bus.testing import pulsar as h
+home, pid_file, broker_s = sys.argv[1:4]
+h.ensure_pulsar_distribution = lambda *a, **k: Path(home)
+def start(self, timeout_s=180.0):
+    self.data_dir.mkdir(parents=True, exist_ok=True)
+    (self.data_dir / "journal").write_bytes(bytes(4096))
+    self.proc = subprocess.Popen(["sleep", broker_s], start_new_session=True)
+    Path(pid_file).write_text(str(self.proc.pid))
+h.PulsarStandalone.start = start
+sys.exit(h.main(["run"]))
+"""
+
+
+@pytest.mark.parametrize(
+    ("how", "exit_code"),
+    [("sigterm", 128 + signal.SIGTERM), ("sighup", 128 + signal.SIGHUP), ("broker exits", 1)],
+)
+def test_the_dev_broker_removes_its_data_directory_however_it_stops(
+    tmp_path: Path, how: str, exit_code: int
+) -> None:
+    tmp = tmp_path / "tmp"
+    tmp.mkdir()
+    pid_file = tmp_path / "broker.pid"
+    broker_s = "1" if how == "broker exits" else "600"
+    child = subprocess.Popen(
+        [sys.executable, "-c", _DEV_BROKER, str(tmp_path), str(pid_file), broker_s],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env={**os.environ, "TMPDIR": str(tmp)},
+    )
+    try:
+        assert child.stdout is not None
+        assert child.stdout.readline().startswith("pulsar://127.0.0.1:")
+        (data_dir,) = tmp.glob("eb-pulsar-*")
+        assert (data_dir / "journal").exists()
+        if how == "sigterm":
+            child.send_signal(signal.SIGTERM)
+        elif how == "sighup":
+            child.send_signal(signal.SIGHUP)
+        assert child.wait(30) == exit_code
+    finally:
+        child.kill()
+        child.wait(10)
+    assert not data_dir.exists(), "the data directory was left behind"
+    with pytest.raises(ProcessLookupError):
+        os.kill(int(pid_file.read_text()), 0)  # the broker process is gone too

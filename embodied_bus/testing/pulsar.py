@@ -299,13 +299,27 @@ def main(argv: list[str] | None = None) -> int:
     if args.command == "fetch":
         print(home)
         return 0
-    with PulsarStandalone(home=home) as broker:
+
+    def terminate(signum: int, frame: object) -> None:
+        raise SystemExit(128 + signum)
+
+    # A broker's data directory grows to gigabytes: SIGTERM and SIGHUP remove it too (before,
+    # only Ctrl-C did, and every `kill` left one behind in /tmp).
+    signal.signal(signal.SIGTERM, terminate)
+    signal.signal(signal.SIGHUP, terminate)
+    broker = PulsarStandalone(home=home)
+    try:
+        broker.start()
+        print(f"data: {broker.data_dir} (removed when this stops)", file=sys.stderr, flush=True)
         print(broker.url, flush=True)
-        try:
-            signal.pause()
-        except KeyboardInterrupt:
-            pass
-    return 0
+        assert broker.proc is not None
+        code = broker.proc.wait()
+        print(f"the broker exited by itself with {code}:\n{broker.tail()}", file=sys.stderr)
+        return 1
+    except KeyboardInterrupt:
+        return 0
+    finally:
+        broker.cleanup()
 
 
 if __name__ == "__main__":
