@@ -9,6 +9,7 @@ import sys
 import threading
 import time
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 
@@ -113,3 +114,16 @@ def test_the_dev_broker_removes_its_data_directory_however_it_stops(
     assert not data_dir.exists(), "the data directory was left behind"
     with pytest.raises(ProcessLookupError):
         os.kill(int(pid_file.read_text()), 0)  # the broker process is gone too
+
+
+def test_a_broker_refuses_to_start_on_a_nearly_full_disk_and_says_why(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    (tmp_path / "eb-pulsar-left-behind").mkdir()
+    broker = PulsarStandalone(tmp_path / "eb-pulsar-new", home=tmp_path / "home")
+    full = SimpleNamespace(total=252 * 1024**3, used=251 * 1024**3, free=600 * 1024**2)
+    monkeypatch.setattr(harness.shutil, "disk_usage", lambda path: full)
+    message = r"not enough free disk .* 0\.6 GiB of 252 GiB free .* 2 broker data"
+    with pytest.raises(RuntimeError, match=message):
+        broker.start(timeout_s=1)
+    assert broker.proc is None  # nothing was launched

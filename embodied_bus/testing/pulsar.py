@@ -44,6 +44,12 @@ REGISTRATION_FLAP_EVENTS = 50
 #: Clean restarts tried when the bookie registration flaps after a start.
 REGISTRATION_FLAP_RETRIES = 3
 _REGISTRATION_EVENT = b"PulsarRegistrationClient - Bookie "
+#: The standalone bookie turns read-only once its disk is 99 % full (``diskUsageThreshold`` in
+#: ``standalone.conf``) and every topic then fails with "Not enough non-faulty bookies": refuse
+#: to start below this share of free disk ...
+MIN_FREE_DISK_FRACTION = 0.02
+#: ... or below this many free bytes (a test session writes a few hundred MB).
+MIN_FREE_DISK_BYTES = 1024**3
 
 
 def hs256_token(secret: bytes, subject: str) -> str:
@@ -167,6 +173,7 @@ class PulsarStandalone:
             RuntimeError: It did not become ready in time, or its bookie registration kept
                 flapping; the end of its log is included.
         """
+        self._check_disk()
         self._launch(timeout_s)
         for _ in range(REGISTRATION_FLAP_RETRIES):
             if not self._registration_flapping():
@@ -180,6 +187,20 @@ class PulsarStandalone:
             self._launch(timeout_s)
         if self._registration_flapping():
             raise RuntimeError(f"Pulsar standalone's bookie registration keeps flapping:\n{self.tail()}")
+
+    def _check_disk(self) -> None:
+        """Raise a clear error when the data directory's disk is too full for the bookie."""
+        self.data_dir.mkdir(parents=True, exist_ok=True)
+        usage = shutil.disk_usage(self.data_dir)
+        if usage.free < MIN_FREE_DISK_BYTES or usage.free < MIN_FREE_DISK_FRACTION * usage.total:
+            leftovers = sorted(self.data_dir.parent.glob("eb-pulsar-*"))
+            raise RuntimeError(
+                f"not enough free disk for Pulsar standalone in {self.data_dir.parent}: "
+                f"{usage.free / 1024**3:.1f} GiB of {usage.total / 1024**3:.0f} GiB free "
+                f"(its bookie turns read-only at 99 % use; need {MIN_FREE_DISK_BYTES / 1024**3:.0f} GiB "
+                f"and {MIN_FREE_DISK_FRACTION:.0%} free). {len(leftovers)} broker data directories "
+                f"(eb-pulsar-*) are there; those of brokers no longer running can be deleted."
+            )
 
     def _registration_flapping(self) -> bool:
         """Whether the bookie registration is being deleted and re-created in a loop."""
