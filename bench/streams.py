@@ -23,6 +23,7 @@ import argparse
 import asyncio
 import json
 import re
+import signal
 import statistics
 import struct
 import sys
@@ -366,6 +367,11 @@ def main() -> int:
     doc: dict[str, Any] = {"benchmark": "streams", "quick": args.quick, "python": sys.version.split()[0]}
     broker = None
     t0 = time.perf_counter()
+
+    def terminate(signum: int, frame: object) -> None:
+        raise SystemExit(128 + signum)  # so the broker below is stopped and its data deleted
+
+    signal.signal(signal.SIGTERM, terminate)
     try:
         url = args.pulsar_url
         if "pulsar" in engines and url is None:

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import signal
 import sys
 import threading
 import time
@@ -23,6 +24,18 @@ from embodied_bus.testing.pulsar import PulsarStandalone
 
 #: Exit status of the session, kept for :func:`pytest_unconfigure`.
 _exit_status = pytest.StashKey[int]()
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    """SIGTERM and SIGHUP (the test command's time limit, a closed terminal) end the session as
+    Ctrl-C does, so session fixtures still stop their brokers and delete their data."""
+
+    def interrupt(signum: int, frame: object) -> None:
+        raise KeyboardInterrupt(f"signal {signum}")
+
+    if threading.current_thread() is threading.main_thread():
+        signal.signal(signal.SIGTERM, interrupt)
+        signal.signal(signal.SIGHUP, interrupt)
 
 
 def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
@@ -72,8 +85,8 @@ def pulsar_broker() -> Iterator[PulsarStandalone | None]:
         yield None
         return
     broker = PulsarStandalone()
-    broker.start()
     try:
+        broker.start()
         yield broker
     finally:
         broker.cleanup()
