@@ -313,6 +313,7 @@ def test_the_zenoh_sender_cuts_a_burst_into_the_same_puts_on_its_fast_and_genera
             _shm_threshold=shm_threshold,
             batches=0,
         )
+        fake._put_run = lambda atts, bodies: _ZenohPublisher._put_run(fake, atts, bodies)  # type: ignore[arg-type]
         items = [(bytes([i % 251]) * n, b"h%d" % i, 1) for i, n in enumerate(sizes)]
         assert _ZenohPublisher._put_all(fake, items) is None  # type: ignore[arg-type]
         return out

@@ -13,7 +13,7 @@ import threading
 import time
 from bisect import bisect_right
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from itertools import accumulate
 from operator import add
 from typing import Any
@@ -47,7 +47,6 @@ from embodied_bus.model.wire import (
     HeaderPacker,
     decode_batch,
     decode_header,
-    encode_batch,
     encode_batch_parts,
     encode_header,
     encode_strings,
@@ -269,7 +268,6 @@ class _ZenohPublisher(EnginePublisher):
         """Put queued samples in order (sender thread); runs of small ones go as batches of up
         to :data:`BATCH_MAX_BYTES` (one Zenoh put, one receive callback). Returns the last
         error, if any put failed."""
-        put = self._put
         error: BaseException | None = None
         if self._shm_threshold is None and len(items) > 1:  # payloads are all bytes
             bodies, atts, _ = zip(*items, strict=True)
@@ -281,49 +279,43 @@ class _ZenohPublisher(EnginePublisher):
                 while i < n:
                     start = ends[i - 1] if i else 0
                     j = bisect_right(ends, start + BATCH_MAX_BYTES, i + 1, min(n, i + MAX_BATCH_SAMPLES))
-                    try:
-                        if j - i == 1:
-                            put(bodies[i], attachment=atts[i])
-                        else:
-                            att, body = encode_batch_parts(atts[i:j], bodies[i:j])
-                            put(body, attachment=att)
-                            self.batches += 1
-                    except BaseException as err:
-                        error = err
+                    error = self._put_run(atts[i:j], bodies[i:j]) or error
                     i = j
                 return error
-        run: list[tuple[bytes, bytes | bytearray]] = []
+        run_atts: list[bytes] = []
+        run_bodies: list[Any] = []
         run_bytes = 0
-
-        def put_run() -> None:
-            nonlocal error, run_bytes
-            try:
-                if len(run) == 1:
-                    put(run[0][1], attachment=run[0][0])
-                else:
-                    att, body = encode_batch(run)
-                    put(body, attachment=att)
-                    self.batches += 1
-            except BaseException as err:
-                error = err
-            run.clear()
-            run_bytes = 0
-
         for body, att, _ in items:
             size = len(att) + len(body) if isinstance(body, (bytes, bytearray)) else BATCH_MAX_BYTES
-            if run and (
+            if run_atts and (
                 size > BATCH_ITEM_MAX_BYTES
                 or run_bytes + size > BATCH_MAX_BYTES
-                or len(run) >= MAX_BATCH_SAMPLES
+                or len(run_atts) >= MAX_BATCH_SAMPLES
             ):
-                put_run()
-            run.append((att, body))
+                error = self._put_run(run_atts, run_bodies) or error
+                run_atts, run_bodies, run_bytes = [], [], 0
+            run_atts.append(att)
+            run_bodies.append(body)
             run_bytes += size
             if size > BATCH_ITEM_MAX_BYTES:  # a large sample (or shared memory) goes alone
-                put_run()
-        if run:
-            put_run()
+                error = self._put_run(run_atts, run_bodies) or error
+                run_atts, run_bodies, run_bytes = [], [], 0
+        if run_atts:
+            error = self._put_run(run_atts, run_bodies) or error
         return error
+
+    def _put_run(self, atts: Sequence[bytes], bodies: Sequence[Any]) -> BaseException | None:
+        """One Zenoh put: a lone sample as itself, several as a batch. Returns its error."""
+        try:
+            if len(atts) == 1:
+                self._put(bodies[0], attachment=atts[0])
+            else:
+                att, body = encode_batch_parts(atts, bodies)
+                self._put(body, attachment=att)
+                self.batches += 1
+        except BaseException as err:
+            return err
+        return None
 
     def _shm_buffer(self, payload: bytes | bytearray) -> Any:
         if self._shm is None:
