@@ -344,6 +344,7 @@ class _ZenohPublisher(EnginePublisher):
         if self._shm_threshold is not None:
             return None  # large samples take the shared-memory path of send()
         packer = HeaderPacker(template)
+        # packer(...) inlined below: one Python call less per sample
         pack, head, mid, tail = packer.pack, packer.head, packer.mid, packer.tail
         stream = template.stream
         sender = self._sender
