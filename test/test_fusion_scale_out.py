@@ -4,12 +4,15 @@ killed and leaving mid-stream; every bucket is fused and published exactly once.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import signal
 import subprocess
 import sys
 import time
 import uuid
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import pytest
 import yaml
@@ -17,7 +20,7 @@ import yaml
 from embodied_bus import Backpressure, PublisherOptions, SubscriptionOptions, open_bus
 from embodied_bus.fusion import decode_frame, load_spec
 from embodied_bus.fusion.ownership import rendezvous_owner
-from embodied_bus.fusion.worker import frames_stream
+from embodied_bus.fusion.worker import FusionWorker, frames_stream
 from embodied_bus.sim.scenario import Scenario, generate
 from embodied_bus.testing.ports import free_port
 
@@ -158,3 +161,72 @@ async def test_three_workers_publish_every_bucket_once_through_join_kill_and_lea
     )
     assert "w3" in owners_seen or '"worker": "w3"' in outs[2][0]
     assert '"worker": "w1"' in outs[0][0], "w1 did not leave cleanly"
+
+
+async def test_ring_workers_stopping_at_the_same_moment_publish_each_open_bucket_once(tmp_path: Path) -> None:
+    """Every worker of a Zenoh ring stops at once with buckets still open: each leaves them to
+    the others, finds nobody left, and the one each bucket hashes highest to publishes it."""
+    doc = yaml.safe_load(CONFIG.read_text())
+    doc["fusion"]["lateness_ms"] = 60_000  # lidar-only buckets stay open until the stop
+    config = tmp_path / "fusion.yaml"
+    config.write_text(yaml.safe_dump(doc))
+    spec = load_spec(config)
+    port = free_port()
+    ns = f"ringstop{uuid.uuid4().hex[:8]}"
+    stop = asyncio.Event()
+    async with contextlib.AsyncExitStack() as stack:
+        hub = await stack.enter_async_context(open_bus(f"zenoh:?listen=tcp/127.0.0.1:{port}", namespace=ns))
+        frames_sub = await hub.subscribe(
+            frames_stream(spec), options=SubscriptionOptions(capacity=1000, backpressure=Backpressure.BLOCK)
+        )
+        buses = [
+            await stack.enter_async_context(open_bus(f"zenoh://127.0.0.1:{port}", namespace=ns))
+            for _ in range(3)
+        ]
+        workers = [
+            FusionWorker(
+                bus, spec, scale_out="ring", worker_id=f"w{i}", idle_flush_s=60, join_margin_buckets=0
+            )
+            for i, bus in enumerate(buses)
+        ]
+        runs = [asyncio.create_task(w.run(stop)) for w in workers]
+        await asyncio.wait_for(asyncio.gather(*(w.ready.wait() for w in workers)), 20)
+        lidar = await hub.publisher("lidar/top", clock=spec.clock)
+        assert await lidar.wait_for_subscribers(10)
+        width_ns = spec.clock.width_ns
+        first = spec.clock.bucket_of(time.time_ns())
+        stamps = [spec.clock.offset_ns + b * width_ns + width_ns // 2 for b in range(first, first + 12)]
+
+        async def until(cond: Callable[[], bool], what: str, every: Callable[[], Any] | None = None) -> None:
+            deadline = time.monotonic() + 20
+            while not cond():
+                assert time.monotonic() < deadline, what
+                if every is not None:
+                    await every()
+                await asyncio.sleep(0.05)
+
+        # a worker that saw the others when it started joins on its first sample (repeated
+        # until every worker's input subscription has matched: a duplicate changes nothing)
+        await until(
+            lambda: all(w.ring is not None and w.ring.joined for w in workers),
+            "not all joined",
+            lambda: lidar.publish(b"x", stamp_ns=stamps[0]),
+        )
+        await until(lambda: all(len(w.ring.members()) == 3 for w in workers if w.ring), "ring not formed")
+        for stamp in stamps[1:]:
+            await lidar.publish(b"x", stamp_ns=stamp)
+        expected = {spec.clock.bucket_of(s) for s in stamps}
+        await until(
+            lambda: all(expected <= set(w.assembler.open_bucket_ids) for w in workers), "buckets not open"
+        )
+        owners = {w.ring.owner(b) for w in workers if w.ring for b in expected}
+        assert len(owners) >= 2, "the buckets should be spread over the workers"
+        stop.set()  # all three at the same moment
+        await asyncio.wait_for(asyncio.gather(*runs), 30)
+        frames = []
+        while len(frames) < len(expected):
+            frames.append(decode_frame((await frames_sub.recv(timeout_s=10)).payload))
+    assert sorted(f.bucket for f in frames) == sorted(expected)
+    assert all(f.member("lidar/top") and not f.complete for f in frames)
+    assert sum(w.published_on_stop for w in workers) == len(expected)  # none published twice
+    assert all(w.handed_back == len(expected) for w in workers)

@@ -87,6 +87,7 @@ class OwnershipRing:
         self.group = group
         self.worker_id = worker_id or uuid.uuid4().hex[:12]
         self._handle: GroupMembership | None = None
+        self._watch: GroupMembership | None = None  # watching on after leaving
         self._members: dict[str, int | None] = {}
         self.departures: asyncio.Queue[str] = asyncio.Queue()
         #: Set whenever a member joins or leaves.
@@ -145,9 +146,23 @@ class OwnershipRing:
         """Whether this worker publishes ``bucket``."""
         return self._joined and self.owner(bucket) == self.worker_id
 
-    async def leave(self) -> None:
-        """Leave the group (others take over from then on)."""
+    async def leave(self, *, keep_watching: bool = False) -> None:
+        """Leave the group (others take over from then on).
+
+        Args:
+            keep_watching: Go on tracking the other members (:meth:`members`, :attr:`changed`)
+                until :meth:`close`, e.g. to see whether anyone is left to take over.
+        """
+        if keep_watching and self._watch is None:
+            self._watch = await self.bus.engine.watch_group(self.group, self._on_change)
         if self._handle is not None:
             await self._handle.leave()
         self._handle = None
         self._joined = False
+
+    async def close(self) -> None:
+        """Leave the group if still in it and stop watching it."""
+        await self.leave()
+        if self._watch is not None:
+            await self._watch.leave()
+            self._watch = None

@@ -22,7 +22,7 @@ from embodied_bus.errors import BusConnectionError
 from embodied_bus.fusion.assembler import Assembler, DroppedBucket, Event, LateSample, StampJump
 from embodied_bus.fusion.codec import FRAME_ENCODING, encode_frame
 from embodied_bus.fusion.frame import MultiModalFrame
-from embodied_bus.fusion.ownership import OwnershipRing, slot_ranges
+from embodied_bus.fusion.ownership import OwnershipRing, rendezvous_owner, slot_ranges
 from embodied_bus.fusion.spec import FusionSpec, SpecError
 from embodied_bus.model.qos import Backpressure, PublisherOptions, SubscriptionOptions
 from embodied_bus.model.sample import Sample
@@ -60,6 +60,9 @@ FRAMES_SYNC_TIMEOUT_S = 5.0
 FRAMES_HISTORY_S = 10.0
 #: Longest wait for a stopping key-shared worker to hand back or flush its slots, seconds.
 CLOSE_TIMEOUT_S = 10.0
+#: Longest wait of a worker leaving a running ring for the others to publish the buckets it left
+#: open (it publishes them itself if every other worker left meanwhile), seconds.
+HANDOVER_CONFIRM_S = 2.0
 #: Recent buckets remembered for ring bookkeeping.
 _RECENT = 512
 
@@ -226,6 +229,8 @@ class FusionWorker:
         self.recovered = 0
         #: Open buckets handed back whole to the other workers when this one stopped.
         self.handed_back = 0
+        #: Of those, published by this worker after all because the others stopped too (ring).
+        self.published_on_stop = 0
 
     def _mark_published(self, bucket: int) -> None:
         self._published[bucket] = None
@@ -512,6 +517,52 @@ class FusionWorker:
         self._recovering.clear()
         self._recovering_at.clear()
 
+    async def _confirm_handover(self, handed: set[int], former: dict[str, int | None]) -> None:
+        """Ring mode, stopping while others ran: wait (at most :data:`HANDOVER_CONFIRM_S`) until
+        the frames of the buckets this worker left open are out. If every other worker has left
+        meanwhile (they stopped at the same moment), publish those this worker owned in the
+        ring it left: of the workers stopping together, the one that bucket hashes highest to
+        publishes it, so none is lost, and none is repeated unless they left one by one."""
+        ring, sub = self.ring, self._frames_sub
+        assert ring is not None
+        deadline = time.monotonic() + HANDOVER_CONFIRM_S
+        pending = sorted(handed)
+        while True:
+            ring.changed.clear()
+            while sub is not None and (sample := sub.recv_nowait()) is not None:
+                self._mark_published(sample.bucket)
+            pending = [b for b in pending if b not in self._published]
+            if not pending or not self._others_alive():
+                break
+            left_s = deadline - time.monotonic()
+            if left_s <= 0:
+                _log.info(
+                    "%d bucket(s) left to the other workers not yet published after %g s: they own them",
+                    len(pending),
+                    HANDOVER_CONFIRM_S,
+                )
+                return
+            changed = asyncio.ensure_future(ring.changed.wait())
+            got = asyncio.ensure_future(sub.recv()) if sub is not None else None
+            waits = {changed} if got is None else {changed, got}
+            await asyncio.wait(waits, timeout=left_s, return_when=asyncio.FIRST_COMPLETED)
+            changed.cancel()
+            if got is not None:
+                if not got.done():
+                    got.cancel()
+                await asyncio.gather(got, return_exceptions=True)
+                if not got.cancelled() and got.exception() is None:
+                    self._mark_published(got.result().bucket)
+        for b in pending:
+            frame = self._held.pop(b, None)
+            if frame is not None and rendezvous_owner(b, former) == ring.worker_id:
+                self.published_on_stop += 1
+                await self._publish_frame(frame)
+        if self.published_on_stop:
+            _log.info(
+                "the other workers stopped too: published %d bucket(s) left open", self.published_on_stop
+            )
+
     def _others_alive(self) -> bool:
         ring = self.ring
         return ring is not None and any(m != ring.worker_id for m in ring.members())
@@ -547,6 +598,8 @@ class FusionWorker:
         )
         tasks: list[asyncio.Task[None]] = []
         slots_task: asyncio.Task[None] | None = None
+        handed: set[int] = set()  # open buckets left to the other ring workers on stopping
+        former: dict[str, int | None] = {}  # the ring this worker left
         inputs = tuple(s.name for s in self.spec.streams)
         if self._mode is not None:
             self.ring = OwnershipRing(self.bus, self.spec.name, self._worker_id)
@@ -594,29 +647,30 @@ class FusionWorker:
                 await asyncio.wait([slots_task], timeout=CLOSE_TIMEOUT_S)
             elif self._mode == "ring" and self._others_alive():
                 # leaving a running ring: the others own this worker's buckets from now on and
-                # publish them whole (every worker has every sample); nothing is flushed here
+                # publish them whole (every worker has every sample); _confirm_handover below
+                # covers the others stopping at the same moment
                 assert self.ring is not None
-                await self.ring.leave()
-                self.handed_back = len(self.assembler.open_bucket_ids)
+                former = self.ring.members()
+                await self.ring.leave(keep_watching=True)
+                handed = set(self.assembler.open_bucket_ids)
+                self.handed_back = len(handed)
                 if self.handed_back:
-                    _log.info(
-                        "left the ring with %d open bucket(s) to the other workers (if every worker "
-                        "stops at once, nobody publishes them: stop the sensors first)",
-                        self.handed_back,
-                    )
+                    _log.info("left the ring with %d open bucket(s) to the other workers", self.handed_back)
             for s in self._subs:
                 if s is not self._frames_sub:  # still read by the last frames' handover checks
                     await s.close()
             for t in tasks:
                 t.cancel()
             await asyncio.gather(*tasks, return_exceptions=True)
-            await self._handle(self.assembler.flush())
+            await self._handle(self.assembler.flush())  # a ring leaver's frames are held
+            if handed:
+                await self._confirm_handover(handed, former)
             if self._recovering:
                 await self._recover(quiet_s=0.0)
             if self._frames_sub is not None:
                 await self._frames_sub.close()
             if self.ring is not None:
-                await self.ring.leave()
+                await self.ring.close()
             await self._frames_pub.flush()
             await self._late_pub.flush()
 
@@ -637,6 +691,7 @@ class FusionWorker:
                 skipped=self.skipped,
                 taken_over=self.taken_over,
                 handed_back=self.handed_back,
+                published_on_stop=self.published_on_stop,
             )
         if self._mode == "key-shared":
             out.update(
