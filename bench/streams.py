@@ -15,6 +15,10 @@ Zenoh moves large messages between processes of one host through a shared-memory
 embodied_bus configures a larger one than Zenoh's default (``DEFAULT_SHM_POOL_BYTES``), so
 Zenoh's 1 MiB and 8 MiB sizes also report ``raw_same_shm_pool`` and ``ratio_same_shm_pool``:
 raw zenoh-python given the same pool.
+
+Each throughput figure also has ``cpu_us_per_msg``: CPU time of the benchmark process (every
+thread, the engine's own included; not the Pulsar broker's) per message while it ran, and each
+size has ``cpu_ratio`` = ours / raw of it, which a noisy machine disturbs less than throughput.
 """
 
 from __future__ import annotations
@@ -23,6 +27,7 @@ import argparse
 import asyncio
 import json
 import re
+import resource
 import signal
 import statistics
 import struct
@@ -42,12 +47,19 @@ def counts(quick: bool) -> dict[str, int]:
     return {"64B": 30000, "1KiB": 30000, "1MiB": 400, "8MiB": 40}
 
 
-def result(n: int, size: int, seconds: float) -> dict[str, float]:
+def cpu_s() -> float:
+    """CPU time of this process so far (all its threads, the engines' own included), seconds."""
+    ru = resource.getrusage(resource.RUSAGE_SELF)
+    return ru.ru_utime + ru.ru_stime
+
+
+def result(n: int, size: int, seconds: float, cpu_seconds: float) -> dict[str, float]:
     return {
         "msgs_per_s": round(n / seconds, 1),
         "MB_per_s": round(n * size / seconds / 1e6, 2),
         "seconds": round(seconds, 4),
         "messages": n,
+        "cpu_us_per_msg": round(cpu_seconds / n * 1e6, 2),
     }
 
 
@@ -95,17 +107,19 @@ def raw_zenoh_throughput(size: int, n: int, shm_pool_bytes: int | None = None) -
     while not pub.matching_status.matching:
         time.sleep(0.005)
     payload = bytes(size)
+    c0 = cpu_s()
     t0 = time.perf_counter()
     for _ in range(n):
         pub.put(payload)
     if not done.wait(120):
         raise RuntimeError(f"raw zenoh received {got[0]} of {n}")
     dt = time.perf_counter() - t0
+    dc = cpu_s() - c0
     sub.undeclare()
     pub.undeclare()
     a.close()
     b.close()
-    return result(n, size, dt)
+    return result(n, size, dt, dc)
 
 
 def raw_zenoh_latency(n: int) -> dict[str, float]:
@@ -171,17 +185,19 @@ def raw_pulsar_throughput(url: str, size: int, n: int, client_batching: bool = F
     th = threading.Thread(target=consume)
     th.start()
     payload = bytes(size)
+    c0 = cpu_s()
     t0 = time.perf_counter()
     for i in range(n):
         producer.send_async(payload, None, properties={"i": str(i)}, partition_key="1")
     producer.flush()
     done.wait(300)
     dt = time.perf_counter() - t0
+    dc = cpu_s() - c0
     th.join()
     producer.close()
     consumer.unsubscribe()
     client.close()
-    return result(n, size, dt)
+    return result(n, size, dt, dc)
 
 
 def raw_pulsar_latency(url: str, n: int) -> dict[str, float]:
@@ -245,6 +261,7 @@ async def ours_throughput(url_pub: str, url_sub: str, size: int, n: int) -> dict
                     return
 
         task = asyncio.create_task(consume())
+        c0 = cpu_s()
         t0 = time.perf_counter()
         send = pub.publish
         for i in range(n):
@@ -252,8 +269,9 @@ async def ours_throughput(url_pub: str, url_sub: str, size: int, n: int) -> dict
         await pub.flush()
         await asyncio.wait_for(task, 300)
         dt = time.perf_counter() - t0
+        dc = cpu_s() - c0
         assert sub.counters()["gaps"] == 0
-    return result(n, size, dt)
+    return result(n, size, dt, dc)
 
 
 async def ours_latency(url_pub: str, url_sub: str, n: int) -> dict[str, float]:
@@ -326,7 +344,14 @@ def bench_engine(engine: str, quick: bool, pulsar_url: str | None) -> dict[str, 
             ourss.append(ours_fn())
         raw = max(raws, key=lambda r: r["msgs_per_s"])
         ours = max(ourss, key=lambda r: r["msgs_per_s"])
-        out[label] = {"raw": raw, "ours": ours, "ratio": ratio(ours, raw)}
+        out[label] = {
+            "raw": raw,
+            "ours": ours,
+            "ratio": ratio(ours, raw),
+            # CPU of this process per message, ours / raw: steadier than throughput on a busy
+            # machine (Pulsar: the client side only; the broker runs in its own process)
+            "cpu_ratio": round(ours["cpu_us_per_msg"] / raw["cpu_us_per_msg"], 3),
+        }
         if engine == "pulsar" and size < 1 << 20:
             assert pulsar_url
             batched = raw_pulsar_throughput(pulsar_url, size, n, client_batching=True)
