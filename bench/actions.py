@@ -20,6 +20,7 @@ import argparse
 import asyncio
 import json
 import os
+import resource
 import signal
 import subprocess
 import sys
@@ -38,6 +39,21 @@ from embodied_bus import open_bus  # noqa: E402
 from embodied_bus.actions import Action, Executor, Planner, QueueService, RetryPolicy  # noqa: E402
 from embodied_bus.actions.service import EXECUTOR_GROUP  # noqa: E402
 from embodied_bus.testing.ports import free_port  # noqa: E402
+
+
+def cpu_s() -> float:
+    """CPU time (user + system) of this process, seconds."""
+    ru = resource.getrusage(resource.RUSAGE_SELF)
+    return ru.ru_utime + ru.ru_stime
+
+
+def proc_cpu_s(pid: int) -> float | None:
+    """CPU time (user + system) of process ``pid`` from /proc, seconds; None without /proc."""
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except OSError:
+        return None
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 def pct(values: list[float], q: float) -> float | None:
@@ -137,12 +153,21 @@ async def actions_bench(
             latencies.append((start_ns - t0) / 1e6)
 
         # end-to-end throughput: batches submitted, all results awaited
+        others = [p.pid for p in ex_procs] + ([service_proc.pid] if service_proc else [])
+        c0, c0_others = cpu_s(), [proc_cpu_s(pid) for pid in others]
         t0 = time.perf_counter()
         handles = []
         for i in range(0, n_actions, 100):
             handles += await planner.submit_many([Action("noop") for _ in range(min(100, n_actions - i))])
         await asyncio.gather(*(h.result(timeout_s=120) for h in handles))
         rate = n_actions / (time.perf_counter() - t0)
+        c1, c1_others = cpu_s(), [proc_cpu_s(pid) for pid in others]
+        cpu = {"bench_process": round((c1 - c0) / n_actions * 1e3, 4)}
+        before = [c for c in c0_others if c is not None]
+        after = [c for c in c1_others if c is not None]
+        if others and len(before) == len(after) == len(others):
+            spent = sum(after) - sum(before)
+            cpu["queue_service_and_executor_processes"] = round(spent / n_actions * 1e3, 4)
 
         # redelivery delay after a nack
         nack_delays = []
@@ -211,6 +236,8 @@ async def actions_bench(
             else "queue service, planner and executors in one process"
         ),
         "actions_per_s": round(rate, 1),
+        # CPU per action while the throughput ran, ms (Pulsar: the broker's own is not counted)
+        "cpu_ms_per_action": cpu,
         "submit_to_start_ms": {"p50": pct(latencies, 50), "p99": pct(latencies, 99)},
         "redelivery_after_nack_ms": {"p50": pct(nack_delays, 50), "p99": pct(nack_delays, 99)},
         "redelivery_after_crash_ms": {"p50": pct(crash_delays, 50), "max": pct(crash_delays, 100)},
@@ -246,6 +273,7 @@ def raw_pulsar_shared(url: str, n: int) -> dict[str, Any]:
             done.release()
 
     threads = [threading.Thread(target=work, args=(c,), daemon=True) for c in consumers]
+    c0 = cpu_s()
     t0 = time.perf_counter()
     for t in threads:
         t.start()
@@ -256,11 +284,18 @@ def raw_pulsar_shared(url: str, n: int) -> dict[str, Any]:
         if not done.acquire(timeout=60):
             raise RuntimeError("raw Pulsar baseline: a message did not arrive within 60 s")
     rate = n / (time.perf_counter() - t0)
+    cpu_ms = (cpu_s() - c0) / n * 1e3
     finished.set()
     for t in threads:
         t.join(2)
     client.close()
-    return {"messages": n, "consumers": 4, "receiver_queue_size": 1, "msgs_per_s": round(rate, 1)}
+    return {
+        "messages": n,
+        "consumers": 4,
+        "receiver_queue_size": 1,
+        "msgs_per_s": round(rate, 1),
+        "cpu_ms_per_msg": round(cpu_ms, 4),  # this process (the broker's own not counted)
+    }
 
 
 def main() -> None:
