@@ -19,6 +19,7 @@ from embodied_bus.fusion import (
     load_spec,
     spec_from_dict,
 )
+from embodied_bus.fusion.worker import FusionMetrics
 from embodied_bus.model import Header, Modality, Sample
 from embodied_bus.sim.scenario import T0_NS, Scenario, generate
 from embodied_bus.sim.scenario import lost_input as scenario_lost_input
@@ -469,3 +470,16 @@ def test_pipeline_metrics_report_added_latency_on_completion_apart_from_forced_f
     assert doc["forced"] == asm.stats.forced > 0
     # the forced frames are "emitted" 200 ms late here; the others within a camera period or so
     assert doc["added_latency_on_completion_p99_ms"] < 50 < 200 <= doc["added_latency_p99_ms"]
+
+
+@pytest.mark.parametrize(("config", "tracked"), [("fusion.yaml", True), ("demo.yaml", False)])
+def test_skew_is_reported_only_when_an_input_besides_the_reference_is_picked_nearest(
+    config: str, tracked: bool
+) -> None:
+    """fusion.yaml picks the nearest camera image; demo.yaml has only the reference picked
+    nearest (IMU all, GPS held): its frames' skew is always 0, which says nothing."""
+    metrics = FusionMetrics.for_spec(load_spec(ROOT / "config" / config))
+    frame = MultiModalFrame(1, 0, 100 * MS, 50 * MS, {}, (), True, max_skew_ns=7 * MS)
+    metrics.record(frame, 60 * MS)
+    summary = metrics.as_dict()
+    assert (summary["skew_p50_ms"], summary["skew_p99_ms"]) == ((7.0, 7.0) if tracked else (None, None))

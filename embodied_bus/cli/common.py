@@ -50,6 +50,11 @@ def install_stop_signals(stop: asyncio.Event) -> None:
             pass
 
 
+def fmt_ms(value: float | None) -> str:
+    """A duration in ms for a status line; ``n/a`` when there is none."""
+    return "n/a" if value is None else f"{value} ms"
+
+
 def fmt_table(rows: Iterable[dict[str, Any]], columns: list[str]) -> str:
     """Render dict rows as an aligned text table."""
     rows = list(rows)

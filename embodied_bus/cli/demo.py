@@ -29,7 +29,7 @@ from embodied_bus.actions import (
     RetryPolicy,
 )
 from embodied_bus.bus import open_bus
-from embodied_bus.cli.common import fmt_table, install_stop_signals
+from embodied_bus.cli.common import fmt_ms, fmt_table, install_stop_signals
 from embodied_bus.cli.replay import mapping_from_config
 from embodied_bus.cli.streams import drain, stream_rows
 from embodied_bus.fusion.codec import frame_summary
@@ -147,7 +147,7 @@ async def run(args: argparse.Namespace) -> int:
                 m = worker.metrics.as_dict()
                 status = (
                     f"t={time.monotonic() - t0:4.1f}s replay {100 * progress['frac']:5.1f}%  frames "
-                    f"{m['frames']} complete {m['completeness_pct']}%  skew p99 {m['skew_p99_ms']} ms  "
+                    f"{m['frames']} complete {m['completeness_pct']}%  skew p99 {fmt_ms(m['skew_p99_ms'])}  "
                     f"late {m['late']}  actions {fleet.progress()}"
                 )
                 if tty:
@@ -201,9 +201,14 @@ async def run(args: argparse.Namespace) -> int:
         print(
             fmt_table(streams, ["stream", "received", "gaps", "dropped", "latency_p50_ms", "latency_p99_ms"])
         )
+        skew = (
+            "skew n/a (no input but the reference is picked nearest)"
+            if fusion["skew_p99_ms"] is None
+            else f"skew p50/p99 {fusion['skew_p50_ms']}/{fusion['skew_p99_ms']} ms"
+        )
         print(
             f"\nfusion: {fusion['frames']} frames, {fusion['completeness_pct']}% complete, presence "
-            f"{fusion['presence_pct']}, skew p50/p99 {fusion['skew_p50_ms']}/{fusion['skew_p99_ms']} ms, "
+            f"{fusion['presence_pct']}, {skew}, "
             f"added latency p99 {fusion['added_latency_on_completion_p99_ms']} ms on completion "
             f"({fusion['added_latency_p99_ms']} ms with the {fusion['forced']} frames forced out by the "
             f"lateness bound or the end of the replay), late {fusion['late']}"

@@ -10,7 +10,7 @@ import time
 from typing import IO
 
 from embodied_bus.bus import open_bus
-from embodied_bus.cli.common import add_bus_args, add_metrics_arg, install_stop_signals
+from embodied_bus.cli.common import add_bus_args, add_metrics_arg, fmt_ms, install_stop_signals
 from embodied_bus.fusion.codec import frame_summary
 from embodied_bus.fusion.frame import MultiModalFrame
 from embodied_bus.fusion.spec import load_spec
@@ -81,7 +81,7 @@ async def run(args: argparse.Namespace) -> int:
                     m = worker.metrics.as_dict()
                     print(
                         f"frames {m['frames']} ({m['frames_per_s']}/s)  complete {m['completeness_pct']}%  "
-                        f"skew p99 {m['skew_p99_ms']} ms  "
+                        f"skew p99 {fmt_ms(m['skew_p99_ms'])}  "
                         f"added p99 {m['added_latency_on_completion_p99_ms']} ms on completion "
                         f"({m['added_latency_p99_ms']} ms with {m['forced']} forced)  "
                         f"late {m['late']}",

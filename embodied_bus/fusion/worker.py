@@ -23,7 +23,7 @@ from embodied_bus.fusion.assembler import Assembler, DroppedBucket, Event, LateS
 from embodied_bus.fusion.codec import FRAME_ENCODING, encode_frame
 from embodied_bus.fusion.frame import MultiModalFrame
 from embodied_bus.fusion.ownership import OwnershipRing, rendezvous_owner, slot_ranges
-from embodied_bus.fusion.spec import FusionSpec, SpecError
+from embodied_bus.fusion.spec import FusionSpec, Pick, Role, SpecError
 from embodied_bus.model.qos import Backpressure, PublisherOptions, SubscriptionOptions
 from embodied_bus.model.sample import Sample
 from embodied_bus.model.wire import Modality
@@ -92,18 +92,31 @@ class FusionMetrics:
     #: Frames forced out by the lateness bound or an idle flush rather than on completion.
     forced: int = 0
     presence: dict[str, int] = field(default_factory=dict)
+    #: Whether the spec has a nearest- or latest-picked input besides the reference (the skew
+    #: is taken over those; without one it is None, not a misleading 0).
+    skew_tracked: bool = True
     skew_ms: deque[float] = field(default_factory=lambda: deque(maxlen=_WINDOW))
     added_ms: deque[float] = field(default_factory=lambda: deque(maxlen=_WINDOW))
     #: Added latency of the frames emitted on completion (not forced), ms.
     added_on_completion_ms: deque[float] = field(default_factory=lambda: deque(maxlen=_WINDOW))
     e2e_ms: deque[float] = field(default_factory=lambda: deque(maxlen=_WINDOW))
 
+    @classmethod
+    def for_spec(cls, spec: FusionSpec) -> FusionMetrics:
+        """Metrics of a pipeline running ``spec``."""
+        return cls(
+            skew_tracked=any(
+                s.role is not Role.REFERENCE and s.pick in (Pick.NEAREST, Pick.LATEST) for s in spec.streams
+            )
+        )
+
     def record(self, frame: MultiModalFrame, emitted_ns: int) -> None:
         self.frames += 1
         self.complete += frame.complete
         for name in frame.members:
             self.presence[name] = self.presence.get(name, 0) + 1
-        self.skew_ms.append(frame.max_skew_ns / 1e6)
+        if self.skew_tracked:
+            self.skew_ms.append(frame.max_skew_ns / 1e6)
         if frame.forced:
             self.forced += 1
         if frame.last_arrival_ns:
@@ -175,7 +188,7 @@ class FusionWorker:
         self.bus = bus
         self.spec = spec
         self.assembler = Assembler(spec)
-        self.metrics = FusionMetrics()
+        self.metrics = FusionMetrics.for_spec(spec)
         self._on_frame = on_frame
         self._capacity = capacity
         self._idle_flush_s = idle_flush_s
