@@ -537,12 +537,12 @@ class FusionWorker:
         ring it left: of the workers stopping together, the one that bucket hashes highest to
         publishes it, so none is lost, and none is repeated unless they left one by one."""
         ring, sub = self.ring, self._frames_sub
-        assert ring is not None
+        assert ring is not None and sub is not None  # ring mode tracks the frames stream
         deadline = time.monotonic() + HANDOVER_CONFIRM_S
         pending = sorted(handed)
         while True:
             ring.changed.clear()
-            while sub is not None and (sample := sub.recv_nowait()) is not None:
+            while (sample := sub.recv_nowait()) is not None:
                 self._mark_published(sample.bucket)
             pending = [b for b in pending if b not in self._published]
             if not pending or not self._others_alive():
@@ -556,16 +556,13 @@ class FusionWorker:
                 )
                 return
             changed = asyncio.ensure_future(ring.changed.wait())
-            got = asyncio.ensure_future(sub.recv()) if sub is not None else None
-            waits = {changed} if got is None else {changed, got}
-            await asyncio.wait(waits, timeout=left_s, return_when=asyncio.FIRST_COMPLETED)
+            got = asyncio.ensure_future(sub.recv())
+            await asyncio.wait({changed, got}, timeout=left_s, return_when=asyncio.FIRST_COMPLETED)
             changed.cancel()
-            if got is not None:
-                if not got.done():
-                    got.cancel()
-                await asyncio.gather(got, return_exceptions=True)
-                if not got.cancelled() and got.exception() is None:
-                    self._mark_published(got.result().bucket)
+            got.cancel()  # no-op if a frame came
+            await asyncio.gather(got, return_exceptions=True)
+            if not got.cancelled() and got.exception() is None:
+                self._mark_published(got.result().bucket)
         for b in pending:
             frame = self._held.pop(b, None)
             if frame is not None and rendezvous_owner(b, former) == ring.worker_id:
