@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import threading
-from collections.abc import Coroutine, Iterator
+from collections.abc import Coroutine, Iterator, Sequence
 from typing import Any, TypeVar
 
 from embodied_bus.bus import Bus, open_bus
@@ -17,7 +17,7 @@ from embodied_bus.errors import BusClosedError
 from embodied_bus.model.sample import Payload, Sample
 from embodied_bus.model.wire import Header
 from embodied_bus.streams.publisher import Publisher
-from embodied_bus.streams.subscriber import Subscription
+from embodied_bus.streams.subscriber import RECV_MANY_DEFAULT, Subscription
 
 __all__ = ["SyncBus", "SyncPublisher", "SyncSubscription"]
 
@@ -50,6 +50,10 @@ class SyncPublisher:
         """Publish one sample (see :meth:`Publisher.publish_nowait`)."""
         return self._runner.run(self.inner.publish(payload, stamp_ns=stamp_ns, **kw))
 
+    def publish_many(self, payloads: Sequence[Payload], *, stamps_ns: Sequence[int]) -> range:
+        """Publish several samples in order (see :meth:`Publisher.publish_many`)."""
+        return self._runner.run(self.inner.publish_many(payloads, stamps_ns=stamps_ns))
+
     def flush(self) -> None:
         """Wait until every sample is accepted by the engine."""
         self._runner.run(self.inner.flush())
@@ -65,6 +69,11 @@ class SyncSubscription:
     def recv(self, timeout_s: float | None = None) -> Sample:
         """Wait for the next sample; raises TimeoutError after ``timeout_s`` seconds."""
         return self._runner.run(self.inner.recv(timeout_s))
+
+    def recv_many(self, max_samples: int = RECV_MANY_DEFAULT, timeout_s: float | None = None) -> list[Sample]:
+        """Wait for the next sample and take those buffered behind it (see
+        :meth:`Subscription.recv_many`)."""
+        return self._runner.run(self.inner.recv_many(max_samples, timeout_s))
 
     def __iter__(self) -> Iterator[Sample]:
         while True:

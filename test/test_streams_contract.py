@@ -236,6 +236,93 @@ async def test_block_policy_is_lossless_with_a_slow_consumer(bus_pair: BusPair) 
     assert c["dropped"] == 0 and c["gaps"] == 0
 
 
+async def test_publish_many_gives_each_sample_its_own_header_and_recv_many_takes_them_in_order(
+    bus_pair: BusPair,
+) -> None:
+    sub = await bus_pair.subscriber_bus.subscribe(
+        "imu", options=SubscriptionOptions(capacity=64, backpressure=Backpressure.BLOCK)
+    )
+    pub = await bus_pair.publisher_bus.publisher(
+        "imu", modality=Modality.IMU, encoding="raw", frame_id="imu_link", options=BLOCK
+    )
+    await _ready(pub, bus_pair)
+    t0 = 1_700_000_000_000_000_000
+    n = 700
+    payloads: list[bytes | bytearray] = [i.to_bytes(4, "little") * 64 for i in range(n)]
+    stamps = [t0 + i * 1_000_000 for i in range(n)]
+    payloads[300] = bytearray(payloads[300])  # not bytes: its run goes sample by sample
+    stamps[450] = 0  # no stamp: publish time, flagged
+    assert await pub.publish_many([], stamps_ns=[]) == range(1, 1)
+    seqs = await pub.publish_many(payloads, stamps_ns=stamps)
+    assert seqs == range(1, n + 1) and pub.seq == n and pub.sent == n
+
+    got = []
+    async for batch in sub.batches(100):  # capacity 64: the publisher waits for room meanwhile
+        assert 1 <= len(batch) <= 100
+        got += batch
+        if len(got) >= n:
+            break
+    assert [s.seq for s in got] == list(range(1, n + 1))
+    assert [s.payload for s in got] == [bytes(p) for p in payloads]
+    assert {(s.stream, s.modality, s.header.encoding, s.header.frame_id) for s in got} == {
+        ("imu", Modality.IMU, "raw", "imu_link")
+    }
+    assert {s.header.publisher_id for s in got} == {pub.publisher_id}
+    for i, s in enumerate(got):
+        if i == 450:
+            assert s.header.flags & HeaderFlags.STAMP_FALLBACK and s.stamp_ns > t0
+        else:
+            assert s.stamp_ns == stamps[i] and s.header.flags == HeaderFlags.NONE
+        assert s.bucket == s.stamp_ns // 100_000_000
+    c = sub.counters()
+    assert c["gaps"] == 0 and c["delivered"] == n and c["dropped"] == 0
+    assert sub.recv_many_nowait() == []
+
+
+async def test_a_drop_oldest_publisher_sends_a_run_of_samples_with_publish_many(bus_pair: BusPair) -> None:
+    sub = await bus_pair.subscriber_bus.subscribe("scan", options=SubscriptionOptions(capacity=1000))
+    pub = await bus_pair.publisher_bus.publisher(
+        "scan", options=PublisherOptions(backpressure=Backpressure.DROP_OLDEST)
+    )
+    await _ready(pub, bus_pair)
+    n = 300
+    assert await pub.publish_many(
+        [bytes([i % 256]) * 100 for i in range(n)], stamps_ns=range(1, n + 1)
+    ) == range(1, n + 1)
+    got = []
+    while len(got) < n:
+        got += await sub.recv_many(timeout_s=20)
+    assert [s.seq for s in got] == list(range(1, n + 1))
+    assert [s.stamp_ns for s in got] == list(range(1, n + 1))
+    assert all(s.payload == bytes([s.seq - 1 & 255]) * 100 for s in got)
+
+
+async def test_publish_many_and_recv_many_name_bad_arguments_and_send_what_came_before_a_bad_payload(
+    bus_pair: BusPair,
+) -> None:
+    sub = await bus_pair.subscriber_bus.subscribe(
+        "gps", options=SubscriptionOptions(capacity=100, backpressure=Backpressure.BLOCK)
+    )
+    pub = await bus_pair.publisher_bus.publisher(
+        "gps", options=PublisherOptions(backpressure=Backpressure.BLOCK, max_payload_bytes=1000)
+    )
+    await _ready(pub, bus_pair)
+    with pytest.raises(ValueError, match="'gps': 2 payloads but 1 stamps_ns"):
+        await pub.publish_many([b"a", b"b"], stamps_ns=[1])
+    with pytest.raises(PayloadTooLargeError, match="1001 bytes on stream 'gps'"):
+        await pub.publish_many([b"a", b"b", b"c", bytes(1001)], stamps_ns=[1, 2, 3, 4])
+    assert pub.seq == 3
+    await pub.flush()
+    first = await sub.recv_many(10, timeout_s=20)
+    while len(first) < 3:
+        first += await sub.recv_many(10, timeout_s=20)
+    assert [s.payload for s in first] == [b"a", b"b", b"c"]
+    with pytest.raises(ValueError, match="max_samples must be >= 1"):
+        await sub.recv_many(0)
+    with pytest.raises(TimeoutError):
+        await sub.recv_many(10, timeout_s=0.05)
+
+
 async def test_a_lossless_publisher_keeps_a_bounded_number_of_bytes_in_flight(bus_pair: BusPair) -> None:
     # Zenoh: queued for the sender thread; Pulsar: sent and not yet confirmed by the broker
     from embodied_bus.engines.pulsar_engine import PULSAR_HIGH_WATER, PULSAR_SLOT_BYTES

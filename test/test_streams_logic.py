@@ -171,6 +171,33 @@ async def test_a_block_buffer_given_many_at_once_wakes_the_consumer_waits_and_lo
     assert buf.put_many([1, 2]) == [1, 2]  # closed: nothing is taken
 
 
+async def test_get_many_takes_up_to_the_limit_in_order_and_frees_room_for_a_blocked_producer() -> None:
+    buf: BoundedBuffer[int] = BoundedBuffer(8, Backpressure.BLOCK, asyncio.get_running_loop())
+    assert buf.get_many_nowait(5) == []
+    with pytest.raises(TimeoutError):
+        await buf.get_many(5, 0.05)
+    n = 1000
+
+    def produce() -> None:
+        for start in range(0, n, 50):
+            assert buf.put_many(list(range(start, start + 50))) == []
+
+    th = threading.Thread(target=produce)
+    th.start()
+    got: list[int] = []
+    while len(got) < n:
+        batch = await buf.get_many(5, 5)
+        assert 1 <= len(batch) <= 5 and len(buf) <= 8
+        got += batch
+    th.join(5)
+    assert got == list(range(n)) and buf.dropped == 0
+    waiter = asyncio.create_task(buf.get_many(3))
+    await asyncio.sleep(0)
+    buf.close()
+    with pytest.raises(BusClosedError):
+        await waiter
+
+
 async def test_a_blocked_producer_resumes_once_a_quarter_of_the_buffer_is_free_not_per_slot() -> None:
     buf: BoundedBuffer[int] = BoundedBuffer(100, Backpressure.BLOCK, asyncio.get_running_loop())
     n = 2000

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import abc
 import itertools
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any, Protocol
 
 from embodied_bus.errors import HeaderError
@@ -23,6 +23,7 @@ __all__ = [
     "EnginePublisher",
     "EngineSubscriber",
     "FastSend",
+    "FastSendMany",
     "GroupMembership",
     "MembershipCallback",
     "MessageSink",
@@ -35,6 +36,10 @@ AckFn = Callable[[], None]
 #: Sends one sample given the header fields that vary: ``(seq, stamp_ns, bucket, publish_ns,
 #: payload)``; returns False if dropped (see :meth:`EnginePublisher.fast_sender`).
 FastSend = Callable[[int, int, int, int, bytes], bool]
+#: Sends a run of samples given what varies: ``(seqs, stamps_ns, buckets, publish_ns,
+#: payloads)`` (one publish time for the run); returns how many were not dropped (see
+#: :meth:`EnginePublisher.fast_sender_many`).
+FastSendMany = Callable[[range, Sequence[int], Sequence[int], int, Sequence[bytes]], int]
 
 
 class EngineBuffer(Protocol):
@@ -142,6 +147,16 @@ class EnginePublisher(abc.ABC):
         The returned callable takes ``(seq, stamp_ns, bucket, publish_ns, payload)`` and
         behaves as :meth:`send` would with the full header; it must send what :meth:`send`
         would (same wire bytes).
+        """
+        del template
+        return None
+
+    def fast_sender_many(self, template: Header) -> FastSendMany | None:
+        """Like :meth:`fast_sender`, for a run of samples handed over together (one call into
+        the engine per run), or None if the engine has none (then samples go one by one).
+
+        The returned callable takes ``(seqs, stamps_ns, buckets, publish_ns, payloads)`` and
+        sends what :meth:`send` would for each sample, in order (same wire bytes).
         """
         del template
         return None

@@ -14,7 +14,7 @@ import time
 from bisect import bisect_right
 from collections import deque
 from collections.abc import Callable, Sequence
-from itertools import accumulate
+from itertools import accumulate, repeat
 from operator import add
 from typing import Any
 
@@ -26,6 +26,7 @@ from embodied_bus.engines.base import (
     EnginePublisher,
     EngineSubscriber,
     FastSend,
+    FastSendMany,
     GroupMembership,
     MembershipCallback,
     MessageSink,
@@ -73,8 +74,9 @@ _SLOT_BYTES = SENDER_HIGH_WATER_BYTES // SENDER_HIGH_WATER
 #: Samples (header and payload) up to this size that queue up behind a BLOCK publisher's
 #: sender thread go out batched (wire format: a batch attachment); bytes.
 BATCH_ITEM_MAX_BYTES = 16 * 1024
-#: Most bytes in one batch.
-BATCH_MAX_BYTES = 64 * 1024
+#: Most bytes in one batch (Zenoh fragments a message above its 64 KiB transport batch; one
+#: put of 256 KiB still cost 8-15 % less CPU per 1 KiB sample than four of 64 KiB, measured).
+BATCH_MAX_BYTES = 256 * 1024
 #: Longest wait for the session to close, seconds (then it is left behind on a daemon thread).
 CLOSE_TIMEOUT_S = 10.0
 
@@ -186,6 +188,23 @@ class _SenderThread:
             with self._cond:
                 if self._idle:
                     # woken once: later pushes find it already woken
+                    self._idle = False
+                    self._cond.notify()
+
+    def push_many(self, payloads: Sequence[Any], attachments: Sequence[bytes]) -> None:
+        """:meth:`push` for a run of samples, in order (one wake-up for the run)."""
+        sizes = list(map(len, payloads))
+        if max(sizes, default=0) <= _SLOT_BYTES:
+            slots: Any = repeat(1)
+            total = len(sizes)
+        else:
+            slots = [(size + _SLOT_BYTES - 1) // _SLOT_BYTES or 1 for size in sizes]
+            total = sum(slots)
+        self._items.extend(zip(payloads, attachments, slots, strict=False))  # slots may be repeat(1)
+        self._pushed_slots += total
+        if self._idle:
+            with self._cond:
+                if self._idle:
                     self._idle = False
                     self._cond.notify()
 
@@ -372,6 +391,49 @@ class _ZenohPublisher(EnginePublisher):
             return True
 
         return queue
+
+    def fast_sender_many(self, template: Header) -> FastSendMany | None:
+        if self._shm_threshold is not None:
+            return None  # large samples take the shared-memory path of send()
+        packer = HeaderPacker(template)
+        pack, head, mid, tail = packer.pack, packer.head, packer.mid, packer.tail
+        stream = template.stream
+        sender = self._sender
+
+        def send_run(
+            seqs: range,
+            stamps_ns: Sequence[int],
+            buckets: Sequence[int],
+            publish_ns: int,
+            payloads: Sequence[bytes],
+        ) -> int:
+            if self._closed:
+                raise BusClosedError(f"publisher for {stream!r} is closed")
+            # every header packed by one C-level loop
+            atts = list(
+                map(
+                    pack,
+                    repeat(head),
+                    seqs,
+                    stamps_ns,
+                    buckets,
+                    repeat(mid),
+                    repeat(publish_ns),
+                    repeat(tail),
+                )
+            )
+            if sender is not None:
+                if sender.error is not None:
+                    self._raise(stream, sender)
+                sender.push_many(payloads, atts)
+                return len(atts)
+            # drop_oldest: put now, in batches (Zenoh drops what its queue has no room for)
+            err = self._put_all(list(zip(payloads, atts, repeat(1))))
+            if err is not None:
+                raise PublishError(f"zenoh put on {stream!r} failed: {err}") from err
+            return len(atts)
+
+        return send_run
 
     def send(self, header: Header, payload: bytes | bytearray) -> bool:
         if self._closed:

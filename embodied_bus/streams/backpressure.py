@@ -157,6 +157,33 @@ class BoundedBuffer(Generic[T]):
                 self._took()
             return item
 
+    def get_many_nowait(self, max_items: int) -> list[T]:
+        """Pop up to ``max_items`` of the oldest items (an empty list if none are waiting)."""
+        with self._lock:
+            items = self._items
+            if len(items) <= max_items:
+                out = list(items)
+                items.clear()
+            else:
+                take = items.popleft
+                out = [take() for _ in range(max_items)]
+            if self._blocked and out:
+                self._took()
+            return out
+
+    async def get_many(self, max_items: int, timeout_s: float | None = None) -> list[T]:
+        """Wait for at least one item, then pop up to ``max_items`` of the oldest.
+
+        Raises:
+            TimeoutError: Nothing arrived within ``timeout_s`` seconds.
+            BusClosedError: The buffer was closed and is empty.
+        """
+        out = self.get_many_nowait(max_items)
+        if out:
+            return out
+        first = await self.get(timeout_s)
+        return [first, *self.get_many_nowait(max_items - 1)] if max_items > 1 else [first]
+
     async def get(self, timeout_s: float | None = None) -> T:
         """Wait for and pop the oldest item.
 
