@@ -15,6 +15,7 @@ from embodied_bus import Backpressure, BusClosedError, BusConfigError
 from embodied_bus.engines.urls import PulsarSettings, ZenohSettings, parse_bus_url
 from embodied_bus.model import Header, Modality
 from embodied_bus.model.qos import SubscriptionOptions
+from embodied_bus.model.wire import HeaderRun
 from embodied_bus.streams import BoundedBuffer, SequenceTracker, Subscription, Verdict
 from embodied_bus.streams.backpressure import RESUME_FRACTION
 from embodied_bus.streams.tracker import MAX_TRACKED_MISSING
@@ -124,6 +125,7 @@ def test_a_batch_handed_over_at_once_is_accounted_as_the_same_samples_one_by_one
         loop = asyncio.get_running_loop()
         options = SubscriptionOptions(capacity=10_000, backpressure=Backpressure.BLOCK)
         one, many = Subscription("s", options, loop), Subscription("s", options, loop)
+        columns = Subscription("s", options, loop)  # one publisher's batches as a HeaderRun
         for batch in batches:
             if runs:  # consecutive sequence numbers from one publisher: the one-pass path
                 first, start = batch[0]
@@ -134,10 +136,23 @@ def test_a_batch_handed_over_at_once_is_accounted_as_the_same_samples_one_by_one
             for h, payload in items:
                 one.deliver(h, payload, None)
             many.deliver_batch(items)
-        assert many.counters() == one.counters()
-        got = [(x.header.publisher_id, x.seq, x.out_of_order) for x in iter(many.recv_nowait, None)]
-        assert got == [(x.header.publisher_id, x.seq, x.out_of_order) for x in iter(one.recv_nowait, None)]
-        assert many.stats["s"].bytes == one.stats["s"].bytes
+            if len({pub for pub, _ in batch}) == 1:
+                n = len(items)
+                seqs = tuple(q for _, q in batch)
+                payloads = [p for _, p in items]
+                run_ = HeaderRun(items[0][0], seqs, (1,) * n, (0,) * n, (0,) * n, payloads, tuple(seqs))
+                assert run_.pairs() == items
+                columns.deliver_run(run_)
+            else:
+                columns.deliver_batch(items)
+        assert many.counters() == one.counters() == columns.counters()
+
+        def taken(sub: Subscription) -> list[tuple[int, int, bool]]:
+            return [(x.header.publisher_id, x.seq, x.out_of_order) for x in iter(sub.recv_nowait, None)]
+
+        got = taken(many)
+        assert got == taken(one) == taken(columns)
+        assert many.stats["s"].bytes == one.stats["s"].bytes == columns.stats["s"].bytes
 
     asyncio.run(run())
 

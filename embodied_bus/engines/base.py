@@ -14,7 +14,7 @@ from typing import Any, Protocol
 
 from embodied_bus.errors import HeaderError
 from embodied_bus.model.qos import PublisherOptions, SubscriptionOptions
-from embodied_bus.model.wire import Header
+from embodied_bus.model.wire import Header, HeaderRun
 
 __all__ = [
     "AckFn",
@@ -64,6 +64,10 @@ class MessageSink(Protocol):
         called once per sample, as ``deliver``'s is for its message; it acknowledges the
         batch message after the last."""
 
+    def deliver_run(self, run: HeaderRun, ack: AckFn | None = None) -> None:
+        """:meth:`deliver_batch` of a batch of one publisher's same-shape headers, as columns
+        (``run.pairs()`` are its items)."""
+
     def reject(self, error: Exception, ack: AckFn | None) -> None:
         """A message whose header could not be decoded; ``error`` says why."""
 
@@ -87,7 +91,7 @@ class SharedAck:
 def hand_over_batch(
     sink: MessageSink,
     where: str,
-    decode: Callable[[], tuple[list[tuple[Header, bytes]], list[HeaderError]]],
+    decode: Callable[[], tuple[HeaderRun | list[tuple[Header, bytes]], list[HeaderError]]],
     ack: AckFn | None,
 ) -> None:
     """Decode a batch with ``decode`` and hand its samples to ``sink``.
@@ -99,8 +103,8 @@ def hand_over_batch(
     Args:
         sink: Where the samples go.
         where: Names the source in error messages (key expression, topic).
-        decode: Returns the well-formed samples and an error per malformed one, or raises
-            :class:`HeaderError`.
+        decode: Returns the well-formed samples (pairs, or a :class:`HeaderRun`) and an
+            error per malformed one, or raises :class:`HeaderError`.
         ack: Acknowledges the whole message (None where the engine has no acks).
     """
     try:
@@ -110,7 +114,9 @@ def hand_over_batch(
         return
     for bad in errors:
         sink.reject(HeaderError(f"sample in a batch on {where}: {bad}"), None)
-    if not entries:
+    if isinstance(entries, HeaderRun):
+        sink.deliver_run(entries, None if ack is None else SharedAck(len(entries.payloads), ack))
+    elif not entries:
         if ack is not None:
             ack()
     elif ack is None:

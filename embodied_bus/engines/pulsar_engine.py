@@ -49,7 +49,8 @@ from embodied_bus.model.qos import Backpressure, PublisherOptions, SubscriptionO
 from embodied_bus.model.wire import (
     BATCH_LAYOUT,
     Header,
-    decode_batch,
+    HeaderRun,
+    decode_batch_runs,
     decode_properties,
     encode_batch,
     encode_header,
@@ -385,6 +386,21 @@ def decode_batch_message(prop: str, data: bytes) -> tuple[list[tuple[Header, byt
     Raises:
         HeaderError: The message is not a readable batch (the message says why).
     """
+    decoded, errors = _decode_batch_message_runs(prop, data)
+    return (decoded.pairs() if isinstance(decoded, HeaderRun) else decoded), errors
+
+
+def _decode_batch_message_runs(
+    prop: str, data: bytes
+) -> tuple[HeaderRun | list[tuple[Header, bytes]], list[HeaderError]]:
+    """:func:`decode_batch_message`, a run of same-shape headers as a :class:`HeaderRun`.
+
+    Returns:
+        The well-formed samples in order, and an error for each malformed one.
+
+    Raises:
+        HeaderError: The message is not a readable batch (the message says why).
+    """
     layout, _, head_text = prop.partition("|")
     if layout != str(BATCH_LAYOUT):
         raise HeaderError(
@@ -396,7 +412,7 @@ def decode_batch_message(prop: str, data: bytes) -> tuple[list[tuple[Header, byt
         raise HeaderError(f"{BATCH_PROPERTY} has no valid head length: {prop!r}") from None
     if not 0 < head_len <= len(data):
         raise HeaderError(f"batch head of {head_len} bytes in a message of {len(data)} bytes")
-    return decode_batch(data[:head_len], data[head_len:])
+    return decode_batch_runs(data[:head_len], data[head_len:])
 
 
 class _PulsarSubscriber(EngineSubscriber):
@@ -498,7 +514,7 @@ class _PulsarSubscriber(EngineSubscriber):
 
     def _deliver_batch(self, msg: Any, prop: str, ack: AckFn) -> None:
         data = msg.data()
-        hand_over_batch(self._sink, msg.topic_name(), lambda: decode_batch_message(prop, data), ack)
+        hand_over_batch(self._sink, msg.topic_name(), lambda: _decode_batch_message_runs(prop, data), ack)
 
     async def catch_up(self, timeout_s: float) -> bool:
         """See :meth:`EngineSubscriber.catch_up`. One round trip to the broker for the topic's

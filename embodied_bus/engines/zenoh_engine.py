@@ -14,8 +14,8 @@ import time
 from bisect import bisect_right
 from collections import deque
 from collections.abc import Callable, Sequence
-from itertools import accumulate, repeat
-from operator import add
+from itertools import accumulate, repeat, starmap
+from operator import add, itemgetter
 from typing import Any
 
 import zenoh
@@ -46,7 +46,7 @@ from embodied_bus.model.wire import (
     Header,
     HeaderFlags,
     HeaderPacker,
-    decode_batch,
+    decode_batch_runs,
     decode_header,
     encode_batch_parts,
     encode_header,
@@ -71,6 +71,7 @@ SENDER_HIGH_WATER = 1024
 #: clouds).
 SENDER_HIGH_WATER_BYTES = 64 * 1024 * 1024
 _SLOT_BYTES = SENDER_HIGH_WATER_BYTES // SENDER_HIGH_WATER
+_slots_of = itemgetter(2)
 #: Samples (header and payload) up to this size that queue up behind a BLOCK publisher's
 #: sender thread go out batched (wire format: a batch attachment); bytes.
 BATCH_ITEM_MAX_BYTES = 16 * 1024
@@ -225,12 +226,11 @@ class _SenderThread:
                         self._wake_all()
                         return
             n = len(items)  # the pushing thread may append meanwhile: taken next round
-            take = items.popleft
-            batch = [take() for _ in range(n)]
+            batch = list(starmap(items.popleft, repeat((), n)))  # n pops, no bytecode per item
             err = self._put_all(batch)
             if err is not None:  # reported on the next publish or flush
                 self.error = err
-            self._sent_slots += sum([slots for _, _, slots in batch])
+            self._sent_slots += sum(map(_slots_of, batch))
             with self._cond:
                 self._wake_all()
 
@@ -517,7 +517,7 @@ class _ZenohSubscriber(EngineSubscriber):
             raw_att = att.to_bytes()
             if is_batch(raw_att):
                 body = sample.payload.to_bytes()
-                hand_over_batch(sink, str(sample.key_expr), lambda: decode_batch(raw_att, body), None)
+                hand_over_batch(sink, str(sample.key_expr), lambda: decode_batch_runs(raw_att, body), None)
                 return
             header = decoded(raw_att, sample, "sample")
             if header is None:

@@ -14,7 +14,7 @@ import enum
 import logging
 import re
 import struct
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from itertools import accumulate, chain, repeat
 from typing import NamedTuple
 
@@ -32,8 +32,10 @@ __all__ = [
     "Header",
     "HeaderFlags",
     "HeaderPacker",
+    "HeaderRun",
     "Modality",
     "decode_batch",
+    "decode_batch_runs",
     "decode_header",
     "decode_properties",
     "encode_batch",
@@ -378,9 +380,53 @@ _new_header = tuple.__new__
 _RUN_MIN_SAMPLES = 16
 
 
-def _decode_run(
-    attachment: bytes, payload: bytes, count: int, table: tuple[int, ...]
-) -> list[tuple[Header, bytes]] | None:
+class HeaderRun(NamedTuple):
+    """The samples of a batch whose headers differ only in seq, stamp_ns, bucket and publish_ns
+    (one publisher's samples with the same encoding and frame_id), as columns.
+
+    Attributes:
+        first: The first sample's header (the others share all but the four fields).
+        seqs: Sequence numbers, in batch order.
+        stamps_ns: Sensor stamps, UTC nanoseconds.
+        buckets: Time-bucket ids.
+        publish_ns: Publish times, UTC nanoseconds.
+        payloads: The payloads.
+        sizes: Their lengths in bytes.
+    """
+
+    first: Header
+    seqs: tuple[int, ...]
+    stamps_ns: tuple[int, ...]
+    buckets: tuple[int, ...]
+    publish_ns: tuple[int, ...]
+    payloads: list[bytes]
+    sizes: tuple[int, ...]
+
+    def headers(self) -> Iterator[Header]:
+        """The samples' headers, in order (built by map/zip in C: no bytecode per sample)."""
+        stream, mod, _, _, _, width_ns, offset_ns, encoding, frame_id, pub, _, flags = self.first
+        fields = zip(
+            repeat(stream),
+            repeat(mod),
+            self.seqs,
+            self.stamps_ns,
+            self.buckets,
+            repeat(width_ns),
+            repeat(offset_ns),
+            repeat(encoding),
+            repeat(frame_id),
+            repeat(pub),
+            self.publish_ns,
+            repeat(flags),
+        )
+        return map(_new_header, repeat(Header), fields)
+
+    def pairs(self) -> list[tuple[Header, bytes]]:
+        """``(header, payload)`` per sample, in order."""
+        return list(zip(self.headers(), self.payloads, strict=True))
+
+
+def _decode_run(attachment: bytes, payload: bytes, count: int, table: tuple[int, ...]) -> HeaderRun | None:
     """The one-pass path of :func:`decode_batch`, or None if the batch is not one run of
     same-shape headers (or its first header is malformed: the exact path names the error)."""
     size = table[0]
@@ -400,23 +446,6 @@ def _decode_run(
             except HeaderError:
                 first = None
             if first is not None and 0 not in seqs:
-                stream, mod, _, _, _, width_ns, offset_ns, encoding, frame_id, pub, _, flags = first
-                # built by map/zip in C: no bytecode runs per sample
-                fields = zip(
-                    repeat(stream),
-                    repeat(mod),
-                    seqs,
-                    stamps,
-                    buckets,
-                    repeat(width_ns),
-                    repeat(offset_ns),
-                    repeat(encoding),
-                    repeat(frame_id),
-                    repeat(pub),
-                    publish,
-                    repeat(flags),
-                )
-                headers = map(_new_header, repeat(Header), fields)
                 sizes = table[1::2]
                 step = sizes[0]
                 if step == 0 and sizes.count(0) == count:
@@ -430,7 +459,7 @@ def _decode_run(
                         ends = list(accumulate(sizes))
                         starts, stops = [0, *ends[:-1]], ends
                     bodies = list(map(payload.__getitem__, map(slice, starts, stops)))
-                return list(zip(headers, bodies, strict=True))
+                return HeaderRun(first, seqs, stamps, buckets, publish, bodies, sizes)
     return None
 
 
@@ -446,6 +475,19 @@ def decode_batch(attachment: bytes, payload: bytes) -> tuple[list[tuple[Header, 
 
     Raises:
         HeaderError: The batch itself is malformed (see :func:`split_batch`); none of it is usable.
+    """
+    decoded, errors = decode_batch_runs(attachment, payload)
+    return (decoded.pairs() if isinstance(decoded, HeaderRun) else decoded), errors
+
+
+def decode_batch_runs(
+    attachment: bytes, payload: bytes
+) -> tuple[HeaderRun | list[tuple[Header, bytes]], list[HeaderError]]:
+    """:func:`decode_batch`, with a batch of one run of same-shape headers returned as a
+    :class:`HeaderRun` (its columns) instead of ``(header, payload)`` pairs.
+
+    Raises:
+        HeaderError: The batch itself is malformed; none of it is usable.
     """
     count, table = _batch_table(attachment, payload)
     if count >= _RUN_MIN_SAMPLES:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import time
 from collections import deque
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -50,7 +51,7 @@ class StreamStats:
         return self.seq.observe(publisher_id, seq)
 
     def observe_run(
-        self, publisher_id: int, first_seq: int, sizes: list[int], latencies_ns: list[int]
+        self, publisher_id: int, first_seq: int, sizes: Sequence[int], latencies_ns: list[int]
     ) -> bool:
         """Account samples of one publisher with consecutive sequence numbers from ``first_seq``
         as :meth:`observe` would one by one, if all of them come after the last one seen from

@@ -14,7 +14,7 @@ from embodied_bus.engines.base import AckFn, EngineBuffer, EngineSubscriber
 from embodied_bus.errors import BusClosedError, PayloadTooLargeError
 from embodied_bus.model.qos import SubscriptionOptions
 from embodied_bus.model.sample import Sample
-from embodied_bus.model.wire import Header
+from embodied_bus.model.wire import Header, HeaderRun
 from embodied_bus.streams.backpressure import BoundedBuffer
 from embodied_bus.streams.stats import StreamStats
 from embodied_bus.streams.tracker import Verdict
@@ -144,6 +144,28 @@ class Subscription:
                 continue
             out.append((Sample(header, payload, now, verdict is _OUT_OF_ORDER), ack, None))
         self._put_items(out)
+
+    def deliver_run(self, run: HeaderRun, ack: AckFn | None = None) -> None:
+        """Called by the engine for a batch of one publisher's same-shape headers (as columns):
+        what :meth:`deliver_batch` does with ``run.pairs()``, without building the pairs when
+        the run follows that publisher's last sample (the usual case)."""
+        first = run.first
+        n = len(run.payloads)
+        if (
+            n
+            and max(run.sizes) <= self.options.max_payload_bytes
+            and run.seqs[-1] - run.seqs[0] == n - 1
+            and run.seqs == tuple(range(first.seq, first.seq + n))
+        ):
+            now = self._clock()
+            st = self._stream_stats(first.stream)
+            if st.observe_run(
+                first.publisher_id, first.seq, run.sizes, list(map(now.__sub__, run.publish_ns))
+            ):
+                samples = map(Sample, run.headers(), run.payloads, repeat(now))
+                self._put_items(list(zip(samples, repeat(ack), repeat(None))))
+                return
+        self.deliver_batch(run.pairs(), ack)
 
     def _stream_stats(self, stream: str) -> StreamStats:
         st = self.stats.get(stream)
