@@ -168,12 +168,14 @@ async def record(
         try:
             while not stop.is_set():
                 try:
-                    sample = await sub.recv(timeout_s=0.2)
+                    batch = await sub.recv_many(timeout_s=0.2)  # one hand-over per burst
                 except TimeoutError:
                     continue
-                rec.write(sample)
-            while (sample := sub.recv_nowait()) is not None:  # what already arrived is kept
-                rec.write(sample)
+                for sample in batch:
+                    rec.write(sample)
+            while batch := sub.recv_many_nowait():  # what already arrived is kept
+                for sample in batch:
+                    rec.write(sample)
         finally:
             await sub.close()
     return dict(rec.counts)
