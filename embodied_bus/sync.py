@@ -50,6 +50,10 @@ class SyncPublisher:
         """Publish one sample (see :meth:`Publisher.publish_nowait`)."""
         return self._runner.run(self.inner.publish(payload, stamp_ns=stamp_ns, **kw))
 
+    def wait_for_subscribers(self, timeout_s: float = 5.0) -> bool:
+        """Wait until a subscriber matches (see :meth:`Publisher.wait_for_subscribers`)."""
+        return self._runner.run(self.inner.wait_for_subscribers(timeout_s))
+
     def publish_many(self, payloads: Sequence[Payload], *, stamps_ns: Sequence[int]) -> range:
         """Publish several samples in order (see :meth:`Publisher.publish_many`)."""
         return self._runner.run(self.inner.publish_many(payloads, stamps_ns=stamps_ns))

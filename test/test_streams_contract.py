@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import os
 import time
+import uuid
 
 import numpy as np
 import pytest
@@ -21,9 +22,10 @@ from embodied_bus import (
 )
 from embodied_bus.model import Header
 from embodied_bus.streams import Publisher
+from embodied_bus.sync import SyncBus
 from embodied_bus.testing.ports import free_port
 
-from conftest import BusPair, wait_until
+from conftest import BusPair, wait_until, zenoh_urls
 
 BLOCK = PublisherOptions(backpressure=Backpressure.BLOCK)
 
@@ -277,6 +279,31 @@ async def test_publish_many_gives_each_sample_its_own_header_and_recv_many_takes
     c = sub.counters()
     assert c["gaps"] == 0 and c["delivered"] == n and c["dropped"] == 0
     assert sub.recv_many_nowait() == []
+
+
+def test_the_sync_wrappers_publish_and_receive_one_by_one_and_in_batches(
+    engine_name: str, request: pytest.FixtureRequest
+) -> None:
+    ns = "t" + uuid.uuid4().hex[:10]
+    if engine_name == "zenoh":
+        url_pub, url_sub = zenoh_urls()
+    else:
+        url_pub = url_sub = request.getfixturevalue("pulsar_url")
+    with SyncBus(url_pub, namespace=ns) as pb, SyncBus(url_sub, namespace=ns) as sb:
+        sub = sb.subscribe("imu", options=SubscriptionOptions(capacity=100, backpressure=Backpressure.BLOCK))
+        pub = pb.publisher("imu", options=BLOCK)
+        assert pub.wait_for_subscribers(10.0), "subscriber never matched the publisher"
+        assert pub.publish(b"one", stamp_ns=1).seq == 1
+        assert pub.publish_many([b"a", b"b", b"c"], stamps_ns=[2, 3, 4]) == range(2, 5)
+        pub.flush()
+        first = sub.recv(timeout_s=20)
+        assert (first.seq, first.payload) == (1, b"one")
+        got = []
+        while len(got) < 3:
+            got += sub.recv_many(10, timeout_s=20)
+        assert [(s.seq, s.stamp_ns, s.payload) for s in got] == [(2, 2, b"a"), (3, 3, b"b"), (4, 4, b"c")]
+        sub.close()
+        assert list(sub) == []  # iterating a closed subscription ends at once
 
 
 async def test_a_drop_oldest_publisher_sends_a_run_of_samples_with_publish_many(bus_pair: BusPair) -> None:
