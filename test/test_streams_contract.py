@@ -324,6 +324,22 @@ async def test_a_drop_oldest_publisher_sends_a_run_of_samples_with_publish_many(
     assert all(s.payload == bytes([s.seq - 1 & 255]) * 100 for s in got)
 
 
+async def test_recv_many_hands_over_large_payloads_whole_as_bytes(bus_pair: BusPair) -> None:
+    sub = await bus_pair.subscriber_bus.subscribe(
+        "cam", options=SubscriptionOptions(capacity=8, backpressure=Backpressure.BLOCK)
+    )
+    pub = await bus_pair.publisher_bus.publisher("cam", options=BLOCK)
+    await _ready(pub, bus_pair)
+    payloads = [bytes([i]) * (300 * 1024 + i) for i in range(6)]  # copied when taken, on Zenoh
+    await pub.publish_many(payloads, stamps_ns=range(1, 7))
+    await pub.flush()
+    got = []
+    while len(got) < 6:
+        got += await sub.recv_many(4, timeout_s=20)
+    assert [s.payload for s in got] == payloads
+    assert all(type(s.payload) is bytes for s in got)
+
+
 async def test_publish_many_and_recv_many_name_bad_arguments_and_send_what_came_before_a_bad_payload(
     bus_pair: BusPair,
 ) -> None:

@@ -8,7 +8,7 @@ import time
 from collections import Counter
 from collections.abc import AsyncIterator, Callable
 from itertools import repeat
-from operator import attrgetter, itemgetter
+from operator import attrgetter, is_, itemgetter
 
 from embodied_bus.engines.base import AckFn, EngineBuffer, EngineSubscriber
 from embodied_bus.errors import BusClosedError, PayloadTooLargeError
@@ -266,7 +266,9 @@ class Subscription:
 
     def _take_many(self, items: list[_Item]) -> list[Sample]:
         n = len(items)
-        if list(map(_ack_of, items)).count(None) != n or list(map(_lazy_of, items)).count(None) != n:
+        if not all(map(is_, map(_ack_of, items), repeat(None))) or not all(
+            map(is_, map(_lazy_of, items), repeat(None))
+        ):
             return [self._take(item) for item in items]  # acks or payloads still to copy
         samples = list(map(_sample_of, items))
         stats = self.stats
