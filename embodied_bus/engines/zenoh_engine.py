@@ -359,14 +359,20 @@ class _ZenohPublisher(EnginePublisher):
             raise PublishError(f"zenoh put on {header.stream!r} failed: {err}") from err
         return True
 
-    def fast_sender(self, template: Header) -> FastSend | None:
+    def _packer_parts(self, template: Header) -> tuple[Callable[..., bytes], bytes, bytes, bytes] | None:
+        """``template``'s :class:`HeaderPacker` as (pack, head, mid, tail), for the fast senders
+        to inline (one Python call less per sample); None when large samples take the
+        shared-memory path of :meth:`send`."""
         if self._shm_threshold is not None:
-            return None  # large samples take the shared-memory path of send()
+            return None
         packer = HeaderPacker(template)
-        # packer(...) inlined below: one Python call less per sample
-        pack, head, mid, tail = packer.pack, packer.head, packer.mid, packer.tail
-        stream = template.stream
-        sender = self._sender
+        return packer.pack, packer.head, packer.mid, packer.tail
+
+    def fast_sender(self, template: Header) -> FastSend | None:
+        if (parts := self._packer_parts(template)) is None:
+            return None
+        pack, head, mid, tail = parts
+        stream, sender = template.stream, self._sender
         if sender is None:
             put = self._put
 
@@ -393,12 +399,10 @@ class _ZenohPublisher(EnginePublisher):
         return queue
 
     def fast_sender_many(self, template: Header) -> FastSendMany | None:
-        if self._shm_threshold is not None:
-            return None  # large samples take the shared-memory path of send()
-        packer = HeaderPacker(template)
-        pack, head, mid, tail = packer.pack, packer.head, packer.mid, packer.tail
-        stream = template.stream
-        sender = self._sender
+        if (parts := self._packer_parts(template)) is None:
+            return None
+        pack, head, mid, tail = parts
+        stream, sender = template.stream, self._sender
 
         def send_run(
             seqs: range,
