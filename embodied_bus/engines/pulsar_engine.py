@@ -140,6 +140,8 @@ BATCH_WHEN_UNCONFIRMED = 64
 PULSAR_BATCH_ITEM_MAX_BYTES = 16 * 1024
 #: ... and at most this many bytes, and samples of one bucket only (the message key).
 PULSAR_BATCH_MAX_BYTES = 64 * 1024
+#: Pause before asking a reader again while it reconnects after a seek, seconds.
+SEEK_RETRY_S = 0.05
 #: Property that marks a batch message: ``"<layout>|<length of the batch head>"``; the message
 #: data is the head (the Zenoh batch attachment, see ``wire.encode_batch``) then the payloads.
 BATCH_PROPERTY = "eb.b"
@@ -823,12 +825,25 @@ class PulsarEngine(Engine):
         self._check()
         topic = stream_topic(self.settings, stream)
 
+        deadline = time.monotonic() + timeout_s
+
+        def available(reader: Any) -> bool:
+            # a seek makes the broker drop the reader's consumer and the client reconnect it:
+            # asked meanwhile, the broker answers "Consumer not found" (BrokerMetadataError)
+            while True:
+                try:
+                    return bool(reader.has_message_available())
+                except pulsar.BrokerMetadataError:
+                    if time.monotonic() >= deadline:
+                        raise
+                    time.sleep(SEEK_RETRY_S)
+
         def _scan() -> list[Header]:
             reader = self.client.create_reader(topic, pulsar.MessageId.latest)
             try:
                 reader.seek(max(0, since_ns // 1_000_000))
                 out: list[Header] = []
-                while reader.has_message_available():
+                while available(reader):
                     msg = reader.read_next(max(1, int(timeout_s * 1000)))
                     props = msg.properties()
                     try:
