@@ -16,6 +16,8 @@ from embodied_bus.fusion import (
     MultiModalFrame,
     SpecError,
     StampJump,
+    decode_frame,
+    encode_frame,
     load_spec,
     spec_from_dict,
 )
@@ -157,6 +159,30 @@ def test_a_camera_blackout_yields_flagged_partial_frames_not_a_stall() -> None:
     assert during and all("camera/front" in f.missing and not f.complete for f in during)
     assert all(f.member("lidar/top") for f in during)  # the pipeline kept emitting
     assert asm.stats.incomplete >= 18
+
+
+def test_a_frame_says_whether_its_skew_measures_anything() -> None:
+    """The camera is picked nearest: frames with it measure skew, frames of a camera blackout
+    (only the reference picked nearest) do not; both survive the frame codec, and a frame
+    encoded before the field existed counts as measured."""
+    frames, _, _ = run(generate(Scenario(duration_s=6, camera_blackout=(2.0, 2.0))))
+    with_camera = [f for f in frames if f.member("camera/front")]
+    without = [f for f in frames if "camera/front" in f.missing]
+    assert with_camera and all(f.skew_measured for f in with_camera)
+    assert without and not any(f.skew_measured for f in without)
+    assert all(f.max_skew_ns == 0 for f in without)
+    for f in (with_camera[0], without[0]):
+        assert decode_frame(encode_frame(f)).skew_measured == f.skew_measured
+    blob = bytes(encode_frame(without[0])).replace(b',"skew_measured":false', b"")
+    blob = (
+        blob[:4]
+        + (int.from_bytes(blob[4:8], "little") - len(',"skew_measured":false')).to_bytes(4, "little")
+        + blob[8:]
+    )
+    assert decode_frame(blob).skew_measured  # an older encoder's frame
+    metrics = FusionMetrics.for_spec(SPEC)
+    metrics.record(without[0], without[0].reference_stamp_ns)
+    assert metrics.as_dict()["skew_p99_ms"] is None  # a 0 by definition is no sample of skew
 
 
 def test_incomplete_buckets_are_dropped_when_the_spec_says_drop() -> None:

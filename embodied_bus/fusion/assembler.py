@@ -502,6 +502,7 @@ class Assembler:
             return [DroppedBucket(b, missing)]
         members: dict[str, tuple[Member, ...]] = {}
         max_skew = 0
+        skew_measured = False
         last_arrival = 0
         for name, es in picked.items():
             if not es:
@@ -509,8 +510,10 @@ class Assembler:
             self.stats.presence[name] += 1
             ms = tuple([new_member(e.sample, e.stamp_ns, e.stamp_ns - r, e.fallback) for e in es])
             members[name] = ms
-            if self._streams[name].spec.pick in (Pick.NEAREST, Pick.LATEST):
+            spec = self._streams[name].spec
+            if spec.pick in (Pick.NEAREST, Pick.LATEST):
                 max_skew = max(max_skew, abs(ms[0].skew_ns))
+                skew_measured = skew_measured or spec.role is not Role.REFERENCE
             for e in es:
                 if e.sample.receive_ns > last_arrival:
                     last_arrival = e.sample.receive_ns
@@ -533,6 +536,7 @@ class Assembler:
                 interpolation=interp,
                 forced=forced,
                 last_arrival_ns=last_arrival,
+                skew_measured=skew_measured,
             )
         ]
 

@@ -76,6 +76,7 @@ def encode_frame(frame: MultiModalFrame) -> bytearray:
             "forced": frame.forced,
             "pane": frame.pane,
             "last_arrival_ns": frame.last_arrival_ns,
+            "skew_measured": frame.skew_measured,
             "members": members,
         },
         separators=(",", ":"),
@@ -189,6 +190,7 @@ def decode_frame(
             forced=bool(meta.get("forced")),
             pane=_int(meta, "pane"),
             last_arrival_ns=_int(meta, "last_arrival_ns"),
+            skew_measured=bool(meta.get("skew_measured", True)),
         )
     except (TypeError, ValueError) as err:
         raise EncodingError(f"frame metadata is malformed: {err}") from err

@@ -65,6 +65,10 @@ class MultiModalFrame:
         forced: Emitted by the lateness bound rather than on completion.
         pane: 0 for the frame, 1.. for late panes carrying samples that arrived after it.
         last_arrival_ns: Latest receive time over members (for added-latency metrics).
+        skew_measured: A member besides the reference was picked nearest or latest, so
+            ``max_skew_ns`` measures something (False: it is 0 by definition, e.g. every
+            other stream picked ``all``, held or interpolated). True in frames encoded before
+            the field existed.
     """
 
     bucket: int
@@ -80,6 +84,7 @@ class MultiModalFrame:
     forced: bool = False
     pane: int = 0
     last_arrival_ns: int = 0
+    skew_measured: bool = True
 
     def member(self, stream: str) -> Member | None:
         """The (first) member of a stream, or None if missing."""

@@ -115,7 +115,7 @@ class FusionMetrics:
         self.complete += frame.complete
         for name in frame.members:
             self.presence[name] = self.presence.get(name, 0) + 1
-        if self.skew_tracked:
+        if self.skew_tracked and frame.skew_measured:  # else 0 by definition, not a measurement
             self.skew_ms.append(frame.max_skew_ns / 1e6)
         if frame.forced:
             self.forced += 1
