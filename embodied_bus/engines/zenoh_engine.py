@@ -76,7 +76,7 @@ _slots_of = itemgetter(2)
 #: sender thread go out batched (wire format: a batch attachment); bytes.
 BATCH_ITEM_MAX_BYTES = 16 * 1024
 #: Most bytes in one batch (Zenoh fragments a message above its 64 KiB transport batch; one
-#: put of 256 KiB still cost 8-15 % less CPU per 1 KiB sample than four of 64 KiB, measured).
+#: put of 256 KiB still cost 9-20 % less CPU per 1 KiB sample than four of 64 KiB, measured).
 BATCH_MAX_BYTES = 256 * 1024
 #: Longest wait for the session to close, seconds (then it is left behind on a daemon thread).
 CLOSE_TIMEOUT_S = 10.0
