@@ -277,3 +277,36 @@ def test_top_shows_streams_and_fusion_and_fuse_serves_prometheus_metrics() -> No
     assert (
         last["fusion"] and last["fusion"][0]["pipeline"] == "frames/fused" and last["fusion"][0]["frames"] > 0
     )
+
+
+def test_top_shows_the_action_backlog_of_a_zenoh_queue_service(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    port, db = free_port(), str(tmp_path / "q.db")
+    queue = subprocess.Popen(
+        [*CLI, "queue", "--bus", f"zenoh:?listen=tcp/127.0.0.1:{port}", "--ns", "clitopq", "--db", db],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        assert queue.stdout is not None
+        assert "action queue serving" in queue.stdout.readline()
+        bus = ["--bus", f"zenoh://127.0.0.1:{port}", "--ns", "clitopq"]
+        sent = run("send", "dock", *bus, "--priority", "3", "--payload", '{"station": 2}')
+        assert sent.returncode == 0, sent.stderr
+        top = run("top", *bus, "--duration", "2", "--json")
+        assert top.returncode == 0, top.stderr
+        screen = run("top", *bus, "--duration", "1")
+    finally:
+        queue.kill()
+        queue.communicate(timeout=30)
+    actions = json.loads(top.stdout.splitlines()[-1])["actions"]
+    assert actions["backlog"]["dock/p3"]["queued"] == 1
+    assert actions["totals"] == {"queued": 1}
+    assert "dock/p3" in screen.stdout and "queued" in screen.stdout
+
+
+def test_top_says_when_no_action_queue_answers() -> None:
+    port = free_port()
+    out = run("top", "--bus", f"zenoh:?listen=tcp/127.0.0.1:{port}", "--ns", "clitopn", "--duration", "1")
+    assert out.returncode == 0, out.stderr
+    assert "actions: no action queue service answered" in out.stdout

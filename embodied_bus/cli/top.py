@@ -1,8 +1,9 @@
 """``embodied-bus top``: a live terminal view of the bus.
 
 Per stream: rate, bandwidth, gaps, drops, latency. Per fusion pipeline (``frames/*`` streams):
-frames, completeness, skew, late samples, added latency. Action queues are shown once the
-action work queue exists on the bus.
+frames, completeness, skew, late samples, added latency. Per action kind and priority (Zenoh,
+once a queue service answers): queued, leased, retrying, dead, and the queue's totals. On
+Pulsar the action queue is its topics, read by ``embodied-bus actions``.
 """
 
 from __future__ import annotations
@@ -10,6 +11,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import logging
 import sys
 import time
 from collections import deque
@@ -18,10 +20,11 @@ from typing import Any
 
 import numpy as np
 
-from embodied_bus.bus import open_bus
+from embodied_bus.actions.service import SERVICE
+from embodied_bus.bus import Bus, open_bus
 from embodied_bus.cli.common import add_bus_args, add_metrics_arg, fmt_table, install_stop_signals
 from embodied_bus.cli.streams import stream_rows
-from embodied_bus.errors import EncodingError
+from embodied_bus.errors import BusConnectionError, EncodingError
 from embodied_bus.fusion.codec import FRAME_ENCODING, decode_frame
 from embodied_bus.metrics import MetricsExporter
 from embodied_bus.model.qos import SubscriptionOptions
@@ -29,7 +32,12 @@ from embodied_bus.streams.subscriber import Subscription
 
 __all__ = ["FusionView", "add_parser"]
 
+_log = logging.getLogger("embodied_bus.cli.top")
+
 COLUMNS = ["stream", "rate_hz", "bandwidth_MBps", "gaps", "dropped", "latency_p50_ms", "latency_p99_ms"]
+ACTION_COLUMNS = ["kind/priority", "queued", "leased", "retrying", "dead"]
+#: Longest wait for the action queue service's answer per refresh, seconds.
+ACTIONS_TIMEOUT_S = 0.5
 
 
 @dataclass
@@ -90,6 +98,33 @@ async def _watch(sub: Subscription, views: dict[str, FusionView], stop: asyncio.
             v.added_ms.append((s.header.publish_ns - f.last_arrival_ns) / 1e6)
 
 
+async def _action_backlog(bus: Bus) -> dict[str, Any] | None:
+    """The Zenoh action queue service's backlog and totals, or None where none answers (or
+    on Pulsar, whose queue is read from its topics by ``embodied-bus actions``)."""
+    if bus.engine_name != "zenoh":
+        return None
+    try:
+        raw = await bus.engine.request(SERVICE, b'{"op":"backlog"}', ACTIONS_TIMEOUT_S)
+        reply = json.loads(raw) if raw is not None else None
+    except (BusConnectionError, ValueError) as err:
+        _log.debug("no action backlog: %s", err)
+        return None
+    if not isinstance(reply, dict) or not reply.get("ok") or not isinstance(reply.get("backlog"), dict):
+        return None
+    return {"backlog": reply["backlog"], "totals": reply.get("stats")}
+
+
+def _actions_text(bus: Bus, actions: dict[str, Any] | None) -> str:
+    if actions is None:
+        if bus.engine_name != "zenoh":
+            return "actions: on Pulsar, see `embodied-bus actions`"
+        return "actions: no action queue service answered"
+    rows = [{"kind/priority": k, **v} for k, v in sorted(actions["backlog"].items())]
+    table = fmt_table(rows, ACTION_COLUMNS) if rows else "actions: none queued"
+    totals = actions.get("totals")
+    return table + (f"\ntotals: {json.dumps(totals)}" if totals else "")
+
+
 async def run(args: argparse.Namespace) -> int:
     stop = asyncio.Event()
     install_stop_signals(stop)
@@ -109,6 +144,7 @@ async def run(args: argparse.Namespace) -> int:
                 pass
             rows = [r for r in stream_rows(sub) if not str(r["stream"]).startswith("frames/")]
             fusion = [v.row(k) for k, v in sorted(views.items())]
+            actions = await _action_backlog(bus)
             if args.json:
                 print(
                     json.dumps(
@@ -116,7 +152,7 @@ async def run(args: argparse.Namespace) -> int:
                             "t_s": round(time.monotonic() - t0, 1),
                             "streams": rows,
                             "fusion": fusion,
-                            "actions": None,
+                            "actions": actions,
                         }
                     ),
                     flush=True,
@@ -136,7 +172,7 @@ async def run(args: argparse.Namespace) -> int:
                             ["pipeline", "frames", "complete_pct", "skew_p99_ms", "added_p99_ms", "late"],
                         )
                     )
-                screen.append("\nactions: no action queue on this bus yet")
+                screen += ["", _actions_text(bus, actions)]
                 print(("\x1b[2J\x1b[H" if tty else "") + "\n".join(screen), flush=True)
             if args.duration and time.monotonic() - t0 >= args.duration:
                 stop.set()
