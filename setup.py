@@ -39,6 +39,7 @@ setup(
         "mcap>=1.1",
         "prometheus-client>=0.17",
         "xxhash>=3",
+        "msgspec>=0.18",
         "cryptography>=41",
     ],
     extras_require={

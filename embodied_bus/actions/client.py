@@ -6,6 +6,7 @@ import asyncio
 import json
 from collections import OrderedDict
 from collections.abc import AsyncIterator, Sequence
+from dataclasses import replace
 from typing import Any
 
 from embodied_bus.actions.model import (
@@ -15,7 +16,6 @@ from embodied_bus.actions.model import (
     action_from_dict,
     action_to_dict,
     decode_action,
-    encode_action,
 )
 from embodied_bus.actions.policy import DEFAULT_RETRY, RetryPolicy
 from embodied_bus.actions.service import SERVICE
@@ -110,14 +110,16 @@ class Planner:
         else:
             self._results_sub = self.bus.engine.listen("actions/result/*", on_result)
 
-    def _settle_many(self, results: list[tuple[str, Any]]) -> None:
+    def _settle_many(self, results: list[tuple[str, Action]]) -> None:
         for action_id, envelope in results:
             self._settle(action_id, envelope)
 
-    def _settle(self, action_id: str, payload: bytes | dict[str, Any]) -> None:
-        """A result arrived: ``payload`` is the envelope, as JSON bytes or already parsed."""
+    def _settle(self, action_id: str, payload: bytes | dict[str, Any] | Action) -> None:
+        """A result arrived: ``payload`` is the envelope, as JSON bytes, parsed or decoded."""
         try:
-            if isinstance(payload, dict):
+            if isinstance(payload, Action):
+                action = payload
+            elif isinstance(payload, dict):
                 action = action_from_dict(payload, check_payload=False)
             else:
                 action = decode_action(payload)
@@ -207,10 +209,9 @@ class Planner:
         await self._ensure_results_sub()
         signed = [self.signer.sign(a.validate()) if self.signer else a.validate() for a in actions]
         if self._pulsar is None:  # serialized right away by the request
-            envs = [action_to_dict(a) for a in signed]
-        else:  # handed on as objects: decoupled from the caller's actions
-            envs = [json.loads(encode_action(a)) for a in signed]
-        reply = await self._call({"op": "submit", "actions": envs})
+            reply = await self._call({"op": "submit", "actions": [action_to_dict(a) for a in signed]})
+        else:  # handed on as copies: the queue changes its own, not the caller's
+            reply = await self._pulsar.submit([_own_copy(a) for a in signed])
         return [ActionHandle(self, r["id"], duplicate=r["duplicate"]) for r in reply["actions"]]
 
     async def get(self, action_id: str) -> Action | None:
@@ -230,6 +231,21 @@ class Planner:
     def handle(self, action_id: str) -> ActionHandle:
         """A handle on an existing action (e.g. after a planner restart)."""
         return ActionHandle(self, action_id)
+
+
+class _ResultTimeout(Exception):
+    """An awaited result did not come in time (turned into :class:`TimeoutError`)."""
+
+
+def _expire(fut: asyncio.Future[Action]) -> None:
+    if not fut.done():
+        fut.set_exception(_ResultTimeout())
+
+
+def _own_copy(a: Action) -> Action:
+    """A copy of an action whose lists and dicts the queue may change (the payload is encoded
+    when it is submitted and not changed)."""
+    return replace(a, attempts=list(a.attempts), selector=dict(a.selector))
 
 
 class ActionHandle:
@@ -267,14 +283,18 @@ class ActionHandle:
         fut: asyncio.Future[Action] = loop.create_future()
         p._waiters.setdefault(self.id, []).append(fut)
         p._ensure_poller()
+        # one future and a timer (no wait_for and shield: a planner may await thousands)
+        timer = None if timeout_s is None else loop.call_later(timeout_s, _expire, fut)
         try:
-            return await asyncio.wait_for(asyncio.shield(fut), timeout_s)
-        except TimeoutError:
+            return await fut
+        except _ResultTimeout:
             current = await p.get(self.id)  # one last look before giving up
             if current is not None and current.status.terminal:
                 return current
             raise TimeoutError(f"action {self.id} did not end within {timeout_s:g} s") from None
         finally:
+            if timer is not None:
+                timer.cancel()
             waiters = p._waiters.get(self.id)
             if waiters is not None and fut in waiters:
                 waiters.remove(fut)

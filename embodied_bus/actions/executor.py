@@ -14,6 +14,7 @@ from embodied_bus.actions.model import Action, ActionError, action_from_dict, ex
 from embodied_bus.actions.policy import DEFAULT_RETRY, PermanentFailure, RetryPolicy
 from embodied_bus.actions.service import EXECUTOR_GROUP, SERVICE
 from embodied_bus.bus import Bus
+from embodied_bus.engines._blocking import resolve_none
 from embodied_bus.errors import BusConnectionError
 from embodied_bus.security.signing import ActionRejected, Verifier
 
@@ -24,6 +25,8 @@ _log = logging.getLogger("embodied_bus.actions")
 LEASE_S = 3.0
 #: How long a stopping executor waits for the queue service to stop pushing to it, seconds.
 RETIRE_TIMEOUT_S = 0.5
+#: An idle executor looks for work at least this often, seconds (a wake-up comes sooner).
+IDLE_LOOK_S = 0.5
 
 
 class ActionContext:
@@ -111,6 +114,8 @@ class Executor:
         self._lease_fields: dict[str, Any] | None = None
         self._idle_known = False  # the last ack's lease found the queue empty
         self._running: set[asyncio.Task[None]] = set()
+        self._wake_fut: asyncio.Future[None] | None = None  # what _await_work waits on
+        self._wake_posted = False  # a wake-up is on its way to the loop
 
     def handler(self, kind: str) -> Callable[[Handler], Handler]:
         """Decorator registering a coroutine ``(action, ctx) -> result`` for a kind."""
@@ -309,20 +314,40 @@ class Executor:
                 started += 1
         return started
 
+    def _woken(self) -> None:
+        """Work may be waiting (loop thread)."""
+        self._wake_posted = False  # first: a wake-up posted from now on is posted again
+        self._wake.set()
+        fut = self._wake_fut
+        if fut is not None and not fut.done():
+            fut.set_result(None)
+
     async def _await_work(self, stop: asyncio.Event) -> None:
-        """Wait for a wake-up, ``stop`` or 0.5 s, whichever comes first."""
-        waiters = {asyncio.create_task(self._wake.wait()), asyncio.create_task(stop.wait())}
-        await asyncio.wait(waiters, timeout=0.5, return_when=asyncio.FIRST_COMPLETED)
-        for w in waiters:
-            w.cancel()
+        """Wait for a wake-up, ``stop`` or :data:`IDLE_LOOK_S`, whichever comes first (one
+        future, no tasks: an idle executor on a busy queue waits once per action)."""
+        if self._wake.is_set() or stop.is_set():
+            return
+        loop = asyncio.get_running_loop()
+        fut = self._wake_fut = loop.create_future()
+        timer = loop.call_later(IDLE_LOOK_S, resolve_none, fut)
+        try:
+            await fut
+        finally:
+            timer.cancel()
+            self._wake_fut = None
 
     async def run(self, stop: asyncio.Event) -> None:
         """Take and run actions until ``stop``; then finish what is running (graceful)."""
         kinds = sorted(self.handlers)
         loop = asyncio.get_running_loop()
 
-        def woken(_topic: str, _payload: bytes) -> None:
-            loop.call_soon_threadsafe(self._wake.set)
+        def woken(_topic: str, _payload: bytes) -> None:  # engine thread
+            if not self._wake_posted:  # one wake-up per burst of received work
+                self._wake_posted = True
+                try:
+                    loop.call_soon_threadsafe(self._woken)
+                except RuntimeError:  # the loop is closed
+                    pass
 
         def pushed(_topic: str, payload: bytes) -> None:
             loop.call_soon_threadsafe(self._accept_pushed, payload)
@@ -336,6 +361,8 @@ class Executor:
             subs = [self.bus.engine.listen(f"actions/wake/{k}", woken) for k in kinds]
             subs.append(self.bus.engine.listen(f"actions/assign/{self.name}", pushed))
         await group.announce(self.name, json.dumps({"kinds": kinds}))
+        stopping = asyncio.ensure_future(stop.wait())  # wakes an idle wait at once
+        stopping.add_done_callback(lambda _: self._woken())
         running = self._running
         if self._pulsar is None:
             self._lease_fields = {
@@ -390,6 +417,7 @@ class Executor:
             while running:
                 await asyncio.wait(set(running))
         finally:
+            stopping.cancel()
             self._lease_fields = None
             for s in subs:
                 s.undeclare()

@@ -10,6 +10,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+import msgspec
+
 from embodied_bus.errors import EmbodiedBusError
 from embodied_bus.model.limits import DEFAULT_LIMITS, DecodeLimits
 
@@ -52,7 +54,10 @@ class ActionStatus(str, enum.Enum):
     @property
     def terminal(self) -> bool:
         """No further change will happen."""
-        return self in (ActionStatus.SUCCEEDED, ActionStatus.DEAD, ActionStatus.CANCELED)
+        return self in _TERMINAL
+
+
+_TERMINAL = frozenset({ActionStatus.SUCCEEDED, ActionStatus.DEAD, ActionStatus.CANCELED})
 
 
 @dataclass(frozen=True, slots=True)
@@ -195,9 +200,23 @@ def action_to_dict(action: Action) -> dict[str, Any]:
     }
 
 
+#: The envelope's codec (msgspec: fields in declaration order, enums by value).
+_ENCODER = msgspec.json.Encoder()
+_DECODER = msgspec.json.Decoder(Action)
+
+
 def encode_action(action: Action) -> bytes:
-    """Action → JSON envelope bytes (fields in declaration order)."""
-    return json.dumps(action_to_dict(action), separators=(",", ":")).encode()
+    """Action → JSON envelope bytes (fields in declaration order; the same bytes as
+    ``json.dumps(action_to_dict(action), separators=(",", ":"))`` for ASCII text, written by
+    msgspec in a tenth of the time).
+
+    Raises:
+        ActionError: A field holds something JSON cannot (validate the action first).
+    """
+    try:
+        return _ENCODER.encode(action)
+    except (TypeError, ValueError, OverflowError) as err:
+        raise ActionError(f"action {action.id} cannot be written as JSON: {err}") from err
 
 
 def decode_action(data: bytes | str, *, limits: DecodeLimits | None = None) -> Action:
@@ -205,7 +224,7 @@ def decode_action(data: bytes | str, *, limits: DecodeLimits | None = None) -> A
 
     Raises:
         ActionError: Not JSON, too large for ``limits.max_action_bytes``, missing or mistyped
-            fields, or invalid values.
+            fields (named with their path, e.g. ``$.attempts[0].executor``), or invalid values.
     """
     lim = limits or DEFAULT_LIMITS
     if len(data) > lim.max_action_bytes:
@@ -213,11 +232,13 @@ def decode_action(data: bytes | str, *, limits: DecodeLimits | None = None) -> A
             f"action envelope of {len(data)} bytes exceeds max_action_bytes {lim.max_action_bytes}"
         )
     try:
-        d = json.loads(data)
-    except (UnicodeDecodeError, json.JSONDecodeError) as err:
+        action = _DECODER.decode(data)
+    except msgspec.ValidationError as err:
+        raise _malformed(err) from err
+    except msgspec.DecodeError as err:
         raise ActionError(f"action envelope is not valid JSON: {err}") from err
     # an envelope no larger than the payload limit cannot hold an oversized payload
-    return action_from_dict(d, check_payload=len(data) > MAX_PAYLOAD_BYTES)
+    return action.validate(check_payload=len(data) > MAX_PAYLOAD_BYTES)
 
 
 def action_from_dict(d: Any, *, check_payload: bool = True) -> Action:
@@ -233,27 +254,16 @@ def action_from_dict(d: Any, *, check_payload: bool = True) -> Action:
     if not isinstance(d, dict) or "kind" not in d:
         raise ActionError("action envelope must be a JSON object with a kind")
     try:
-        attempts = [Attempt(**a) for a in d.get("attempts", [])]
-        action = Action(
-            kind=d["kind"],
-            payload=d.get("payload"),
-            priority=d.get("priority", 0),
-            deadline_ns=d.get("deadline_ns", 0),
-            idempotency_key=d.get("idempotency_key"),
-            selector=d.get("selector") or {},
-            id=str(d.get("id") or uuid.uuid4().hex),
-            status=ActionStatus(d.get("status", "queued")),
-            attempts=attempts,
-            result=d.get("result"),
-            checkpoint=d.get("checkpoint"),
-            created_ns=int(d.get("created_ns", 0)),
-            cancel_requested=bool(d.get("cancel_requested", False)),
-            budget_from=int(d.get("budget_from", 0)),
-            auth=d.get("auth"),
-        )
-    except (TypeError, ValueError, OverflowError) as err:
-        raise ActionError(f"action envelope is malformed: {err}") from err
+        action = msgspec.convert(d, Action)
+    except msgspec.ValidationError as err:
+        raise _malformed(err) from err
     return action.validate(check_payload=check_payload)
+
+
+def _malformed(err: msgspec.ValidationError) -> ActionError:
+    if "missing required field `kind`" in str(err):
+        return ActionError(f"action envelope must be a JSON object with a kind ({err})")
+    return ActionError(f"action envelope is malformed: {err}")
 
 
 def executors_with(members: Mapping[str, str], kind: str) -> list[str]:

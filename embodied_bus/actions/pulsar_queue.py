@@ -67,6 +67,7 @@ from dataclasses import dataclass, replace
 from datetime import timedelta
 from typing import Any
 
+import msgspec
 import pulsar
 
 from embodied_bus.actions.model import (
@@ -75,13 +76,12 @@ from embodied_bus.actions.model import (
     ActionStatus,
     Attempt,
     action_from_dict,
-    action_to_dict,
     decode_action,
     encode_action,
 )
 from embodied_bus.actions.policy import DEFAULT_RETRY, RetryPolicy
 from embodied_bus.engines._blocking import resolve_none
-from embodied_bus.engines.pulsar_engine import PulsarEngine, close_handle
+from embodied_bus.engines.pulsar_engine import PulsarEngine, _MessageBuilder, _native, close_handle
 from embodied_bus.errors import BusConnectionError
 
 __all__ = [
@@ -117,6 +117,10 @@ STATE_BATCH_MAX_RECORDS = 500
 #: Most bytes of records gathered into one state-log or reply message (a larger record goes
 #: alone), well under Pulsar's default message size limit (``maxMessageSize``, 5 MiB).
 STATE_BATCH_MAX_BYTES = 1 << 20
+#: State-log messages a process has in flight at once: records written while they are being
+#: persisted go out together in the next one (a group commit: one message per turn of the event
+#: loop when the broker keeps up, larger messages and fewer broker writes when it does not).
+STATE_MESSAGES_IN_FLIGHT = 1
 #: A state-log reader that has not answered for this long is replaced, seconds.
 REOPEN_AFTER_S = 3.0
 #: Ended actions a state-log view keeps in memory (a planner asks about older ones in vain).
@@ -207,8 +211,9 @@ class StateLog:
         self._generation = 0
         #: Times a stuck reader was replaced.
         self.reopened = 0
-        # records of the current event-loop turn, sent together by _flush
+        # records not sent yet, sent together by _flush
         self._pending: list[bytes] = []
+        self._in_flight = 0  # state-log messages sent and not yet persisted
         self._pending_futs: list[asyncio.Future[None]] = []
         # sync markers published and not yet read back: token -> (loop, future)
         self._markers: dict[str, tuple[asyncio.AbstractEventLoop, asyncio.Future[None]]] = {}
@@ -277,18 +282,17 @@ class StateLog:
         if event == "batch":
             records = _parse_records(msg.data())
         else:  # one record per message (embodied_bus before 2026-12-03)
-            data = msg.data()
-            records = [(msg.partition_key(), event, json.loads(data) if data else None)]
-        for aid, ev, value in records:
+            records = [_legacy_record(msg, msg.partition_key(), event)]
+        for rec in records:
             try:
-                self._apply_record(aid, ev, value)
+                self._apply_record(rec.k, rec.e, rec.d)
             except (ActionError, TypeError, ValueError) as err:
                 _log.warning("ignored a malformed state record: %s", err)
 
-    def _apply_record(self, aid: str, event: str, data: Any) -> None:
-        """Apply one record (``data``: the parsed snapshot, purge list, marker token or None)."""
+    def _apply_record(self, aid: str, event: str, raw: msgspec.Raw) -> None:
+        """Apply one record (``raw``: the JSON of its snapshot, purge list, marker token or null)."""
         if event == "sync":
-            waiter = self._markers.pop(str(data), None)
+            waiter = self._markers.pop(str(msgspec.json.decode(raw)), None)
             if waiter is not None:
                 loop, fut = waiter
                 try:
@@ -296,6 +300,12 @@ class StateLog:
                 except RuntimeError:  # the loop is closed: nobody waits any more
                     pass
             return
+        if event in ("snapshot", "requeue"):
+            try:
+                new = _snapshot(raw)  # parsed before the lock is taken
+            except ActionError as err:
+                _log.warning("ignored a malformed state record %s: %s", aid, err)
+                return
         with self._lock:
             old = self.actions.get(aid)
             if event == "cancel":
@@ -304,16 +314,11 @@ class StateLog:
                 elif not old.status.terminal:
                     old.cancel_requested = True
             elif event == "purge":
-                for dead in data:
+                for dead in msgspec.json.decode(raw):
                     a = self.actions.get(dead)
                     if a is not None and a.status is ActionStatus.DEAD:
                         del self.actions[dead]
-            else:
-                try:
-                    new = action_from_dict(data, check_payload=False)
-                except ActionError as err:
-                    _log.warning("ignored a malformed state record %s: %s", aid, err)
-                    return
+            elif event in ("snapshot", "requeue"):
                 if old is not None and old.kind != "unknown":
                     if old.status.terminal and event != "requeue":
                         return  # terminal is final (a late duplicate snapshot changes nothing)
@@ -441,7 +446,7 @@ class StateLog:
         """Add a record to this event-loop turn's message; the future completes when the
         message is persisted (or fails with :class:`BusConnectionError`)."""
         loop = asyncio.get_running_loop()
-        if not self._pending:
+        if not self._pending and self._in_flight < STATE_MESSAGES_IN_FLIGHT:
             loop.call_soon(self._flush)
         self._pending.append(_record(action_id, event, data or b"null"))
         fut: asyncio.Future[None] = loop.create_future()
@@ -449,14 +454,26 @@ class StateLog:
         return fut
 
     def _flush(self) -> None:
+        """Send the pending records (at most :data:`STATE_MESSAGES_IN_FLIGHT` messages in
+        flight: the rest wait for :meth:`_sent`)."""
+        if not self._pending or self._in_flight >= STATE_MESSAGES_IN_FLIGHT:
+            return
         records, futs = self._pending, self._pending_futs
         self._pending, self._pending_futs = [], []
         start = 0
         for chunk in _chunks(records):
             end = start + len(chunk)
             data = b"[" + b",".join(chunk) + b"]"
-            _send_settling(self._producer, data, futs[start:end], properties={"eb-event": "batch"})
+            self._in_flight += 1
+            _send_settling(
+                self._producer, data, futs[start:end], properties={"eb-event": "batch"}, on_done=self._sent
+            )
             start = end
+
+    def _sent(self) -> None:
+        """A state-log message was persisted or failed (loop thread): send what gathered."""
+        self._in_flight -= 1
+        self._flush()
 
     async def close(self) -> None:
         for h in (self._reader, self._producer):
@@ -466,27 +483,66 @@ class StateLog:
 
 def _record(key: str, event: str, data: bytes) -> bytes:
     """One record of a state-log or reply message (``data``: JSON)."""
-    return b'{"k":%s,"e":"%s","d":%s}' % (json.dumps(key).encode(), event.encode(), data)
+    return b'{"k":%s,"e":"%s","d":%s}' % (msgspec.json.encode(key), event.encode(), data)
 
 
-def _parse_records(data: bytes) -> list[tuple[str, str, Any]]:
-    """The ``(key, event, data)`` records of a state-log or reply message; a malformed record is
-    logged and skipped.
+class _Record(msgspec.Struct):
+    """One record of a state-log or reply message; ``d`` stays JSON until it is needed."""
+
+    k: str
+    e: str
+    d: msgspec.Raw = msgspec.Raw(b"null")
+
+
+_RECORDS = msgspec.json.Decoder(list[_Record])
+_RAW_ITEMS = msgspec.json.Decoder(list[msgspec.Raw])
+_ONE_RECORD = msgspec.json.Decoder(_Record)
+_SNAPSHOT = msgspec.json.Decoder(Action)
+
+
+def _parse_records(data: bytes) -> list[_Record]:
+    """The records of a state-log or reply message; a malformed record is logged and skipped.
 
     Raises:
         ActionError: The message is not a JSON array.
         ValueError: The message is not JSON.
     """
-    items = json.loads(data)
-    if not isinstance(items, list):
-        raise ActionError("a state-log or reply message must be a JSON array of records")
+    try:
+        return _RECORDS.decode(data)
+    except msgspec.ValidationError:
+        pass  # a malformed record among them: read the others one by one
+    except msgspec.DecodeError as err:
+        raise ValueError(f"a state-log or reply message is not JSON: {err}") from err
+    try:
+        items = _RAW_ITEMS.decode(data)
+    except msgspec.ValidationError as err:
+        raise ActionError("a state-log or reply message must be a JSON array of records") from err
     out = []
-    for rec in items:
+    for item in items:
         try:
-            out.append((str(rec["k"]), str(rec["e"]), rec.get("d")))
-        except (KeyError, TypeError, AttributeError) as err:
-            _log.warning("ignored a malformed record %.80r: %s", rec, err)
+            out.append(_ONE_RECORD.decode(item))
+        except msgspec.ValidationError as err:
+            _log.warning("ignored a malformed record %.80r: %s", bytes(item), err)
     return out
+
+
+def _legacy_record(msg: Any, key: str, event: str) -> _Record:
+    """The record of a one-record-per-message layout (embodied_bus before 2026-12-03)."""
+    return _Record(key, event, msgspec.Raw(msg.data() or b"null"))
+
+
+def _snapshot(raw: msgspec.Raw) -> Action:
+    """The action of a snapshot record.
+
+    Raises:
+        ActionError: It is not a valid action envelope.
+    """
+    try:
+        return _SNAPSHOT.decode(raw).validate(check_payload=False)
+    except msgspec.ValidationError as err:
+        raise ActionError(f"action envelope is malformed: {err}") from err
+    except msgspec.DecodeError as err:
+        raise ActionError(f"action envelope is not valid JSON: {err}") from err
 
 
 def _chunks(records: list[bytes]) -> list[list[bytes]]:
@@ -517,12 +573,21 @@ async def _send(producer: Any, data: bytes, **kwargs: Any) -> None:
     await fut
 
 
-def _send_settling(producer: Any, data: bytes, futs: list[asyncio.Future[None]], **kwargs: Any) -> None:
+def _send_settling(
+    producer: Any,
+    data: bytes,
+    futs: list[asyncio.Future[None]],
+    *,
+    on_done: Callable[[], None] | None = None,
+    **kwargs: Any,
+) -> None:
     """Send; complete ``futs`` (of the running loop) when the broker has persisted the message,
-    or fail them with :class:`BusConnectionError`."""
+    or fail them with :class:`BusConnectionError`; ``on_done`` is called (on the loop) first."""
     loop = asyncio.get_running_loop()
 
     def settle(error: BusConnectionError | None) -> None:
+        if on_done is not None:
+            on_done()
         for fut in futs:
             if fut.done():
                 continue
@@ -531,19 +596,125 @@ def _send_settling(producer: Any, data: bytes, futs: list[asyncio.Future[None]],
             else:
                 fut.set_exception(error)
 
+    inbox = _LoopInbox.of(loop)
+
     def sent(result: Any, _msg_id: Any) -> None:  # client thread
         error = None
         if result != pulsar.Result.Ok:
             error = BusConnectionError(f"Pulsar did not persist an action message: {result}")
-        try:
-            loop.call_soon_threadsafe(settle, error)
-        except RuntimeError:  # the loop is closed: nobody waits any more (never raise into C++)
-            pass
+        inbox.post(settle, error)
 
     try:
-        producer.send_async(data, sent, **kwargs)
+        _send_async(producer, data, sent, **kwargs)
     except pulsar.PulsarException as err:
         settle(BusConnectionError(f"Pulsar did not take an action message: {err}"))
+
+
+def _send_async(
+    producer: Any,
+    data: bytes,
+    callback: Callable[[Any, Any], None] | None,
+    *,
+    partition_key: str | None = None,
+    properties: dict[str, str] | None = None,
+    deliver_after: timedelta | None = None,
+) -> None:
+    """``producer.send_async`` through the client's native message builder when it has one
+    (no per-call argument checks: the arguments here have known types)."""
+    native = _native(producer, "_producer")
+    if native is producer:
+        producer.send_async(
+            data, callback, partition_key=partition_key, properties=properties, deliver_after=deliver_after
+        )
+        return
+    mb = _MessageBuilder().content(data)
+    for k, v in (properties or {}).items():
+        mb.property(k, v)
+    if partition_key:
+        mb.partition_key(partition_key)
+    if deliver_after is not None:
+        mb.deliver_after(deliver_after)
+    native.send_async(mb.build(), callback)
+
+
+def _send_runs(runs: dict[Any, list[tuple[bytes, str, dict[str, str]]]]) -> asyncio.Future[None]:
+    """Send runs of messages, each ``(data, key, properties)``, one run per producer; the future
+    completes when the broker has persisted them all (or fails with
+    :class:`BusConnectionError`). Only the last message of a run carries a callback: the client
+    completes one producer's sends in order and fails the ones pending after a failed one, so
+    that callback confirms the run (a callback per message takes the GIL from the client's I/O
+    thread once per message)."""
+    loop = asyncio.get_running_loop()
+    done: asyncio.Future[None] = loop.create_future()
+    left = [len(runs)]
+    inbox = _LoopInbox.of(loop)
+
+    def settle(error: BusConnectionError | None) -> None:  # loop thread
+        left[0] -= 1
+        if done.done():
+            return
+        if error is not None:
+            done.set_exception(error)
+        elif left[0] == 0:
+            done.set_result(None)
+
+    def sent(result: Any, _msg_id: Any) -> None:  # client thread
+        error = None
+        if result != pulsar.Result.Ok:
+            error = BusConnectionError(f"Pulsar did not persist an action message: {result}")
+        inbox.post(settle, error)
+
+    if not runs:
+        done.set_result(None)
+    for producer, run in runs.items():
+        last = len(run) - 1
+        try:
+            for i, (data, key, props) in enumerate(run):
+                _send_async(producer, data, sent if i == last else None, partition_key=key, properties=props)
+        except pulsar.PulsarException as err:
+            settle(BusConnectionError(f"Pulsar did not take an action message: {err}"))
+    return done
+
+
+class _LoopInbox:
+    """Calls from client threads into one event loop, with one wake-up of the loop per burst
+    (``call_soon_threadsafe`` per call wakes it once per persisted message)."""
+
+    _of: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, _LoopInbox] = weakref.WeakKeyDictionary()
+
+    @classmethod
+    def of(cls, loop: asyncio.AbstractEventLoop) -> _LoopInbox:
+        """The loop's inbox (made on first use; call on the loop's thread)."""
+        inbox = cls._of.get(loop)
+        if inbox is None:
+            inbox = cls._of[loop] = cls(loop)
+        return inbox
+
+    def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
+        self._loop = loop
+        self._calls: deque[tuple[Callable[..., None], tuple[Any, ...]]] = deque()
+        self._scheduled = False
+
+    def post(self, fn: Callable[..., None], *args: Any) -> None:
+        """Call ``fn(*args)`` on the loop soon (any thread; never raises: a closed loop has
+        nobody waiting any more)."""
+        self._calls.append((fn, args))  # before the flag is read: a drain under way takes it
+        if not self._scheduled:
+            self._scheduled = True
+            try:
+                self._loop.call_soon_threadsafe(self._drain)
+            except RuntimeError:  # the loop is closed
+                self._scheduled = False
+
+    def _drain(self) -> None:
+        self._scheduled = False  # before taking calls: one posted from now on schedules a drain
+        calls = self._calls
+        while calls:
+            fn, args = calls.popleft()
+            try:
+                fn(*args)
+            except Exception:  # one failing call does not hold up the others
+                _log.exception("callback %r failed", fn)
 
 
 class _Producers:
@@ -705,7 +876,16 @@ class PulsarActionQueue:
         return {"ok": True, **out}
 
     async def _op_submit(self, req: dict[str, Any]) -> dict[str, Any]:
-        actions = [action_from_dict(env) for env in req["actions"]]
+        return await self.submit([action_from_dict(env) for env in req["actions"]])
+
+    async def submit(self, actions: list[Action]) -> dict[str, Any]:
+        """Queue validated actions (this queue's own objects: they are changed); every one is on
+        the state log and its priority topic when this returns. Answers as ``submit`` does.
+
+        Raises:
+            BusConnectionError: Pulsar did not persist them.
+        """
+        await self.start()
         if any(a.idempotency_key for a in actions):
             await self.state.sync()
         out = []
@@ -728,15 +908,25 @@ class PulsarActionQueue:
             fresh.append(a)
             out.append({"id": a.id, "duplicate": False, "status": a.status.value})
         # the state log and the priority topics, pipelined; both persisted before this returns
-        encoded = [encode_action(a) for a in fresh]
-        await asyncio.gather(
-            *(self.state.publish(a, encoded=e) for a, e in zip(fresh, encoded, strict=True)),
-            *(self._enqueue(a, reply_to, encoded=e) for a, e in zip(fresh, encoded, strict=True)),
-        )
+        producers: dict[str, Any] = {}
+        for a in fresh:
+            topic = self.topics.queue(a.priority, a.kind)
+            if topic not in producers:
+                await self._ensure_kind(a.kind)
+                producers[topic] = await self._producers.get(topic)
+        persisted: list[asyncio.Future[None]] = []
+        runs: dict[Any, list[tuple[bytes, str, dict[str, str]]]] = {}
+        for a in fresh:
+            data = encode_action(a)
+            persisted.append(self.state._enqueue_record(a.id, "snapshot", data))
+            props = {"eb-attempts": "0", "eb-reply-to": reply_to, "eb-kind": a.kind}
+            runs.setdefault(producers[self.topics.queue(a.priority, a.kind)], []).append((data, a.id, props))
+        persisted.append(_send_runs(runs))
+        await asyncio.gather(*persisted)
         for a in fresh:
             if a.idempotency_key:
                 self.state.idem.setdefault(a.idempotency_key, a.id)
-        return {"actions": out}
+        return {"ok": True, "actions": out}
 
     async def _enqueue(
         self, a: Action, reply_to: str, deliver_after_s: float = 0.0, *, encoded: bytes | None = None
@@ -776,7 +966,7 @@ class PulsarActionQueue:
             a.status = ActionStatus.CANCELED
             await self.state.publish(a)
             if self._result_listener is not None:
-                self._result_listener([(aid, action_to_dict(a))])
+                self._result_listener([(aid, _copy(a))])
         return {"action": json.loads(encode_action(a)) if a else None}
 
     async def _op_backlog(self, _req: dict[str, Any]) -> dict[str, Any]:
@@ -844,8 +1034,8 @@ class PulsarActionQueue:
 
     # ------------------------------------------------------------------ replies (planner side)
     async def listen_results(self, callback: Callable[[list[tuple[str, Any]]], None]) -> None:
-        """Results of this planner's actions: ``callback([(action_id, parsed envelope), ...])``
-        on a receiving thread, once per reply message."""
+        """Results of this planner's actions: ``callback([(action_id, Action), ...])`` on a
+        receiving thread, once per reply message."""
         self._result_listener = callback
         await self._open_replies()
 
@@ -876,15 +1066,25 @@ class PulsarActionQueue:
             if props.get("eb-event", "batch") == "batch":
                 records = _parse_records(msg.data())
             else:  # one reply per message (embodied_bus before 2026-12-03)
-                records = [(props.get("eb-id", ""), props.get("eb-event", ""), json.loads(msg.data()))]
-            results = [(aid, data) for aid, event, data in records if event == "result"]
-            if results and self._result_listener is not None:
-                self._result_listener(results)
+                records = [_legacy_record(msg, props.get("eb-id", ""), props.get("eb-event", ""))]
+            if self._result_listener is not None:
+                results = []
+                for rec in records:
+                    if rec.e == "result":
+                        try:
+                            results.append((rec.k, _snapshot(rec.d)))
+                        except ActionError as err:
+                            _log.warning("ignored a malformed result of %s: %s", rec.k, err)
+                if results:
+                    self._result_listener(results)
             if self._listeners:
-                for aid, event, data in records:
-                    topic = f"actions/{'result' if event == 'result' else 'fb'}/{aid}"
-                    for cb in list(self._listeners.get(aid, [])):
-                        cb(topic, data)
+                for rec in records:
+                    cbs = self._listeners.get(rec.k)
+                    if cbs:
+                        topic = f"actions/{'result' if rec.e == 'result' else 'fb'}/{rec.k}"
+                        data = msgspec.json.decode(rec.d)
+                        for cb in list(cbs):
+                            cb(topic, data)
 
         def receive(consumer: Any) -> None:
             # A plain thread that stops with the queue (closed before the bus): no client thread
@@ -920,7 +1120,7 @@ class PulsarActionQueue:
         except pulsar.PulsarException as err:
             raise _to_thread_error("opening the reply topic", err) from err
 
-    async def _reply(self, reply_to: str, action_id: str, event: str, data: bytes) -> None:
+    def _reply(self, reply_to: str, action_id: str, event: str, data: bytes) -> None:
         """Send a reply (``data``: JSON) to a planner; the replies to one planner in one turn of
         the event loop go out as one message (a JSON array, as on the state log)."""
         if not reply_to:
@@ -948,7 +1148,7 @@ class PulsarActionQueue:
         """Executor side: send feedback to the planner that submitted ``action_id``."""
         held = self._held.get(action_id)
         if held is not None:
-            await self._reply(held[2], action_id, "fb", data)
+            self._reply(held[2], action_id, "fb", data)
 
     # ------------------------------------------------------------------ executor side
     async def listen_wake(self, callback: Callable[[], None], kinds: list[str]) -> None:
@@ -1167,7 +1367,7 @@ class PulsarActionQueue:
             dlq = await self._producers.get(self.topics.dlq)
             await _send(dlq, data, partition_key=a.id, properties={"eb-attempts": str(a.attempt_count)})
         await self.state.publish(a, encoded=data)
-        await self._reply(reply_to, a.id, "result", data)
+        self._reply(reply_to, a.id, "result", data)
         consumer.acknowledge(msg)
 
     def _holding(self, req: dict[str, Any]) -> tuple[Any, Action, str, Any]:
@@ -1186,14 +1386,19 @@ class PulsarActionQueue:
         await self.state.publish(a)
         return {}
 
-    async def _op_ack(self, req: dict[str, Any]) -> dict[str, Any]:
-        msg, a, reply_to, consumer = self._holding(req)
-        now = time.time_ns()
-        a.attempts[-1] = replace(a.attempts[-1], ended_ns=now, outcome="ok")
-        cancelled = self.state.cancel_requested(a.id)
+    def _close_ok(self, req: dict[str, Any]) -> tuple[Any, Action, str, Any]:
+        """Close the held attempt of an ack request as ``ok`` and set the outcome (no I/O)."""
+        held = self._holding(req)
+        a = held[1]
+        a.attempts[-1] = replace(a.attempts[-1], ended_ns=time.time_ns(), outcome="ok")
         result = req.get("result")
+        cancelled = self.state.cancel_requested(a.id)
         a.status = ActionStatus.CANCELED if cancelled and result is None else ActionStatus.SUCCEEDED
         a.result = result
+        return held
+
+    async def _op_ack(self, req: dict[str, Any]) -> dict[str, Any]:
+        msg, a, reply_to, consumer = self._close_ok(req)
         try:
             await self._settle(a, msg, consumer, reply_to)
         finally:
@@ -1201,13 +1406,29 @@ class PulsarActionQueue:
         return {"status": a.status.value}
 
     async def _op_ack_many(self, req: dict[str, Any]) -> dict[str, Any]:
-        async def one(item: dict[str, Any]) -> dict[str, Any]:
+        """Acks of one executor's loop turn: their state records go out together, and each is
+        acknowledged on Pulsar (and its result sent) once its record is persisted."""
+        answers: list[dict[str, Any]] = []
+        settling: list[tuple[int, asyncio.Future[None], bytes, tuple[Any, Action, str, Any]]] = []
+        for item in req["acks"]:
             try:
-                return {"ok": True, **await self._op_ack(item)}
+                held = self._close_ok(item)
             except (ActionError, KeyError) as err:
-                return {"ok": False, "error": str(err)}
-
-        return {"answers": list(await asyncio.gather(*(one(x) for x in req["acks"])))}
+                answers.append({"ok": False, "error": str(err)})
+                continue
+            a = held[1]
+            data = encode_action(a)
+            settling.append((len(answers), self.state._enqueue_record(a.id, "snapshot", data), data, held))
+            answers.append({"ok": True, "status": a.status.value})
+        outcomes = await asyncio.gather(*(s[1] for s in settling), return_exceptions=True)
+        for (i, _fut, data, (msg, a, reply_to, consumer)), outcome in zip(settling, outcomes, strict=True):
+            self._slot_freed(a.id)
+            if isinstance(outcome, BaseException):
+                answers[i] = {"ok": False, "error": str(outcome)}
+                continue  # not acknowledged: Pulsar redelivers it (at least once)
+            self._reply(reply_to, a.id, "result", data)
+            consumer.acknowledge(msg)
+        return {"answers": answers}
 
     async def _op_nack(self, req: dict[str, Any]) -> dict[str, Any]:
         msg, a, reply_to, consumer = self._holding(req)
