@@ -16,6 +16,7 @@ from embodied_bus.actions import (
     ActionError,
     ActionStatus,
     ActionStore,
+    Attempt,
     RetryPolicy,
     decode_action,
     encode_action,
@@ -245,3 +246,16 @@ def test_acks_and_checkpoints_see_every_change_made_since_the_lease(store: Actio
     again = store.lease("ex2", ["pick"], now_ns=later)
     assert again is not None and again.id == "b" and again.attempt_count == 2
     assert store.ack("b", "ex2", now_ns=later).status is ActionStatus.SUCCEEDED
+
+
+def test_an_action_copy_equals_the_action_and_owns_its_lists() -> None:
+    a = Action("pick", {"x": 1}, priority=4, deadline_ns=9, idempotency_key="k", selector={"arm": "left"})
+    a.attempts.append(Attempt(1, "ex1", 10))
+    a.status, a.result, a.checkpoint, a.created_ns = ActionStatus.RUNNING, [1], {"step": 2}, 7
+    a.cancel_requested, a.budget_from, a.auth = True, 1, {"key": "k1"}
+    b = a.copy()
+    assert b == a  # every field, in its place
+    b.attempts.append(Attempt(2, "ex2", 11))
+    b.selector["arm"] = "right"
+    assert len(a.attempts) == 1 and a.selector == {"arm": "left"}
+    assert a.attempts[0].ended(12, "nack", "boom") == Attempt(1, "ex1", 10, 12, "nack", "boom")

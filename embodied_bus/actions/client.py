@@ -6,7 +6,6 @@ import asyncio
 import json
 from collections import OrderedDict
 from collections.abc import AsyncIterator, Sequence
-from dataclasses import replace
 from typing import Any
 
 from embodied_bus.actions.model import (
@@ -245,7 +244,7 @@ def _expire(fut: asyncio.Future[Action]) -> None:
 def _own_copy(a: Action) -> Action:
     """A copy of an action whose lists and dicts the queue may change (the payload is encoded
     when it is submitted and not changed)."""
-    return replace(a, attempts=list(a.attempts), selector=dict(a.selector))
+    return a.copy()
 
 
 class ActionHandle:

@@ -114,6 +114,7 @@ class Executor:
         self._lease_fields: dict[str, Any] | None = None
         self._idle_known = False  # the last ack's lease found the queue empty
         self._running: set[asyncio.Task[None]] = set()
+        self._reports: set[asyncio.Future[None]] = set()  # acks being reported
         self._wake_fut: asyncio.Future[None] | None = None  # what _await_work waits on
         self._wake_posted = False  # a wake-up is on its way to the loop
 
@@ -156,6 +157,10 @@ class Executor:
             _log.warning("%s of action %s not recorded: %s", req["op"], req["id"], err)
             return False
         return True
+
+    async def _report_ack(self, ack: dict[str, Any], action: Action) -> None:
+        if await self._report(ack) and self.verifier is not None:
+            self.verifier.completed(action)
 
     async def _ack_batched(self, req: dict[str, Any]) -> None:
         """Acks that finish in the same loop turn travel in one ``ack_many`` request (each gets
@@ -264,9 +269,14 @@ class Executor:
         else:
             self.completed += 1
             ack = {"op": "ack", "id": action.id, "executor": self.name, "result": result}
-            acked = await self._report(ack)
-            if acked and self.verifier is not None:
-                self.verifier.completed(action)
+            if self._pulsar is None:  # the slot stays taken: the service fills it from the ack
+                await self._report_ack(ack, action)
+            else:
+                # reported after the slot is freed: the next action need not wait for Pulsar to
+                # persist this one's outcome (a stopping executor waits for its reports)
+                report = asyncio.ensure_future(self._report_ack(ack, action))
+                self._reports.add(report)
+                report.add_done_callback(self._reports.discard)
         finally:
             timer.cancel()
             for task in extender:
@@ -414,8 +424,8 @@ class Executor:
                     await self._call({"op": "retire", "executor": self.name}, RETIRE_TIMEOUT_S)
                 except (ConnectionError, RuntimeError) as err:  # e.g. the service stopped first
                     _log.debug("%s could not retire from the queue service: %s", self.name, err)
-            while running:
-                await asyncio.wait(set(running))
+            while running or self._reports:
+                await asyncio.wait(set(running) | self._reports)
         finally:
             stopping.cancel()
             self._lease_fields = None

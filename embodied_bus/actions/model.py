@@ -81,6 +81,10 @@ class Attempt:
     outcome: str = ""
     reason: str = ""
 
+    def ended(self, ended_ns: int, outcome: str, reason: str = "") -> Attempt:
+        """This attempt, ended (``dataclasses.replace`` without its field lookups)."""
+        return Attempt(self.number, self.executor, self.started_ns, ended_ns, outcome, reason)
+
 
 @dataclass(slots=True)
 class Action:
@@ -157,6 +161,27 @@ class Action:
         if size > MAX_PAYLOAD_BYTES:
             raise ActionError(f"payload of {size} bytes exceeds the limit of {MAX_PAYLOAD_BYTES} bytes")
         return self
+
+    def copy(self) -> Action:
+        """A copy whose attempts list and selector are its own (payload, result, checkpoint
+        and auth are shared: JSON values nobody changes in place)."""
+        return Action(
+            self.kind,
+            self.payload,
+            self.priority,
+            self.deadline_ns,
+            self.idempotency_key,
+            dict(self.selector),
+            self.id,
+            self.status,
+            list(self.attempts),
+            self.result,
+            self.checkpoint,
+            self.created_ns,
+            self.cancel_requested,
+            self.budget_from,
+            self.auth,
+        )
 
     @property
     def attempt_count(self) -> int:

@@ -563,7 +563,7 @@ def _chunks(records: list[bytes]) -> list[list[bytes]]:
 
 
 def _copy(a: Action) -> Action:
-    return replace(a, attempts=list(a.attempts), selector=dict(a.selector))
+    return a.copy()
 
 
 async def _send(producer: Any, data: bytes, **kwargs: Any) -> None:
@@ -1390,7 +1390,7 @@ class PulsarActionQueue:
         """Close the held attempt of an ack request as ``ok`` and set the outcome (no I/O)."""
         held = self._holding(req)
         a = held[1]
-        a.attempts[-1] = replace(a.attempts[-1], ended_ns=time.time_ns(), outcome="ok")
+        a.attempts[-1] = a.attempts[-1].ended(time.time_ns(), "ok")
         result = req.get("result")
         cancelled = self.state.cancel_requested(a.id)
         a.status = ActionStatus.CANCELED if cancelled and result is None else ActionStatus.SUCCEEDED

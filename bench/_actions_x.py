@@ -1,0 +1,340 @@
+#!/usr/bin/env python3
+"""Action-queue benchmark on both backends: end-to-end actions/s (submit → result) with
+4 executors and a no-op handler, submit→start latency p50/p99, and the redelivery delay after a
+nack and after an executor crash (its session closes without a goodbye). Zenoh always (embedded;
+the queue service in its own process as `embodied-bus queue`, or in this one with
+``--one-process``); with ``--pulsar URL`` also the Pulsar backend and raw pulsar-client
+Shared-subscription throughput (4 consumers, receiver queue 1, ack per message) in the same
+run, with the ratio. Prints one JSON document.
+
+With ``--executor-processes`` the four no-op executors run as separate ``embodied-bus executor``
+processes (the deployed layout), and submit→start is taken from the start time they return.
+
+Usage: python bench/actions.py [--quick] [--one-process] [--executor-processes]
+       [--pulsar pulsar://127.0.0.1:6650]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import resource
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+import uuid
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from embodied_bus import open_bus  # noqa: E402
+from embodied_bus.actions import Action, Executor, Planner, QueueService, RetryPolicy  # noqa: E402
+from embodied_bus.actions.service import EXECUTOR_GROUP  # noqa: E402
+from embodied_bus.testing.ports import free_port  # noqa: E402
+
+
+def cpu_s() -> float:
+    """CPU time (user + system) of this process, seconds."""
+    ru = resource.getrusage(resource.RUSAGE_SELF)
+    return ru.ru_utime + ru.ru_stime
+
+
+def proc_cpu_s(pid: int) -> float | None:
+    """CPU time (user + system) of process ``pid`` from /proc, seconds; None without /proc."""
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except OSError:
+        return None
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def pct(values: list[float], q: float) -> float | None:
+    return round(float(np.percentile(values, q)), 3) if values else None
+
+
+async def actions_bench(
+    n_actions: int,
+    pulsar_url: str | None = None,
+    *,
+    service_process: bool = True,
+    executor_processes: bool = False,
+) -> dict[str, Any]:
+    """One backend: Zenoh (a queue service in its own process, or in this one) or, with
+    ``pulsar_url``, Pulsar (no service)."""
+    if pulsar_url is None:
+        port = free_port()
+        url_a, url_b = f"zenoh:?listen=tcp/127.0.0.1:{port}", f"zenoh://127.0.0.1:{port}"
+    else:
+        url_a = url_b = pulsar_url
+    ns = os.environ.get("BENCH_NS") or "bench" + uuid.uuid4().hex[:6]
+    stop = asyncio.Event()
+    started: dict[str, int] = {}
+    tmp = Path(tempfile.mkdtemp(prefix="eb-bench-actions-"))
+    policy = RetryPolicy(max_attempts=5, initial_backoff_s=0.0, max_backoff_s=0.0, jitter=0.0)
+    live: set[str] = set()
+
+    def on_member(member: str, _value: str, joined: bool) -> None:
+        (live.add if joined else live.discard)(member)
+
+    service_proc = None
+    if pulsar_url is None and service_process:
+        # the production layout: the queue service in its own process (`embodied-bus queue`)
+        cmd = [sys.executable, "-m", "embodied_bus.cli.main", "queue", "--bus", url_a, "--ns", ns]
+        cmd += ["--db", str(tmp / "q.db"), "--max-attempts", "5", "--backoff", "0"]
+        service_proc = subprocess.Popen(
+            cmd,
+            stdout=subprocess.PIPE,
+            text=True,
+        )
+        assert service_proc.stdout is not None
+        while "action queue serving" not in service_proc.stdout.readline():
+            pass
+        url_a = url_b
+    async with open_bus(url_a, namespace=ns) as svc_bus, open_bus(url_b, namespace=ns) as bus:
+        tasks = []
+        if pulsar_url is None and service_proc is None:
+            ready = asyncio.Event()
+            service = QueueService(svc_bus, tmp / "q.db", policy)
+            tasks.append(asyncio.create_task(service.run(stop, ready)))
+            await ready.wait()
+        group = await svc_bus.engine.watch_group(EXECUTOR_GROUP, on_member)
+
+        async def noop(action: Action, ctx: Any) -> None:
+            started.setdefault(action.id, time.time_ns())
+
+        nack_seen: dict[str, list[int]] = {}
+
+        async def flaky(action: Action, ctx: Any) -> str:
+            nack_seen.setdefault(action.id, []).append(time.time_ns())
+            if ctx.attempt == 1:
+                raise RuntimeError("first try fails")
+            return "ok"
+
+        restarted: dict[str, int] = {}
+
+        async def finish(action: Action, ctx: Any) -> None:
+            restarted.setdefault(action.id, time.time_ns())
+
+        executors = []
+        ex_procs: list[subprocess.Popen[bytes]] = []
+        for i in range(4):
+            if executor_processes:  # the noop executors as separate processes
+                cmd = [sys.executable, "-m", "embodied_bus.cli.main", "executor", "--bus", url_b]
+                cmd += ["--ns", ns, "--handlers", "noop_handlers:HANDLERS", "--name", f"bench-{i}"]
+                cmd += ["--concurrency", "8"]
+                env = {**os.environ, "PYTHONPATH": str(ROOT / "bench")}
+                ex_procs.append(subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL))
+                ex = Executor(bus, f"bench-flaky-{i}", concurrency=8, policy=policy)
+            else:
+                ex = Executor(bus, f"bench-{i}", concurrency=8, policy=policy)
+                ex.handler("noop")(noop)
+            ex.handler("flaky")(flaky)
+            executors.append(ex)
+            tasks.append(asyncio.create_task(ex.run(stop)))
+        while len(live) < (8 if executor_processes else 4):
+            await asyncio.sleep(0.05)
+        planner = Planner(bus, policy=policy)
+
+        # submit -> start latency, one at a time (no queueing)
+        latencies = []
+        for _ in range(min(200, n_actions)):
+            submitted_ns = time.time_ns()
+            h = await planner.submit("noop")
+            done = await h.result(timeout_s=30)
+            start_ns = done.result if executor_processes else started[h.id]
+            latencies.append((start_ns - submitted_ns) / 1e6)
+
+        # end-to-end throughput: batches submitted, all results awaited
+        others = [p.pid for p in ex_procs] + ([service_proc.pid] if service_proc else []) + [int(x) for x in os.environ.get("XPIDS","").split()]
+        c0, c0_others = cpu_s(), [proc_cpu_s(pid) for pid in others]
+        t0 = time.perf_counter()
+        handles = []
+        for i in range(0, n_actions, 100):
+            handles += await planner.submit_many([Action("noop") for _ in range(min(100, n_actions - i))])
+        await asyncio.gather(*(h.result(timeout_s=120) for h in handles))
+        rate = n_actions / (time.perf_counter() - t0)
+        c1, c1_others = cpu_s(), [proc_cpu_s(pid) for pid in others]
+        cpu = {"bench_process": round((c1 - c0) / n_actions * 1e3, 4)}
+        before = [c for c in c0_others if c is not None]
+        after = [c for c in c1_others if c is not None]
+        if others and len(before) == len(after) == len(others):
+            spent = sum(after) - sum(before)
+            cpu["queue_service_and_executor_processes"] = round(spent / n_actions * 1e3, 4)
+
+        # redelivery delay after a nack
+        nack_delays = []
+        for _ in range(20):
+            h = await planner.submit("flaky")
+            await h.result(timeout_s=30)
+            t = nack_seen[h.id]
+            nack_delays.append((t[1] - t[0]) / 1e6)
+
+        # redelivery delay after a crash: an executor whose session vanishes mid-action
+        crash_delays = []
+        for _ in range(5 if n_actions <= 2000 else 10):
+            async with open_bus(url_b, namespace=ns) as doomed_bus:
+                doomed = Executor(doomed_bus, f"doomed-{uuid.uuid4().hex[:4]}", policy=policy)
+                holding = asyncio.Event()
+
+                async def hang(action: Action, ctx: Any, holding: asyncio.Event = holding) -> None:
+                    holding.set()
+                    await asyncio.sleep(3600)
+
+                doomed.handler("crashy")(hang)
+                dstop = asyncio.Event()
+                dtask = asyncio.create_task(doomed.run(dstop))
+                while doomed.name not in live:
+                    await asyncio.sleep(0.01)
+                h = await planner.submit("crashy")
+                await holding.wait()
+                rescuer = Executor(bus, f"rescuer-{uuid.uuid4().hex[:4]}", policy=policy)
+                rescuer.handler("crashy")(finish)
+                rstop = asyncio.Event()
+                rtask = asyncio.create_task(rescuer.run(rstop))
+                while rescuer.name not in live:
+                    await asyncio.sleep(0.01)
+                # a crash as the others see it: the engine session drops without a goodbye from
+                # the executor (liveliness token gone on Zenoh, consumer disconnect on Pulsar)
+                crashed_ns = time.time_ns()
+                await doomed_bus.close()
+                dtask.cancel()
+            done = await h.result(timeout_s=30)
+            assert done.status.value == "succeeded", done
+            crash_delays.append((restarted[h.id] - crashed_ns) / 1e6)
+            rstop.set()
+            await rtask
+
+        stop.set()
+        await asyncio.gather(*tasks, return_exceptions=True)
+        for p in ex_procs:
+            p.send_signal(signal.SIGINT)
+        for p in ex_procs:
+            p.wait(20)
+        await planner.close()
+        await group.leave()
+    if service_proc is not None:
+        service_proc.send_signal(signal.SIGINT)
+        service_proc.wait(20)
+    return {
+        "actions": n_actions,
+        "executors": 4,
+        "layout": (
+            "no queue service (Pulsar)"
+            if pulsar_url
+            else "queue service and 4 noop executors each in its own process; planner in this one"
+            if service_proc and executor_processes
+            else "queue service in its own process; planner and 4 executors in this one"
+            if service_proc
+            else "queue service, planner and executors in one process"
+        ),
+        "actions_per_s": round(rate, 1),
+        # CPU per action while the throughput ran, ms (Pulsar: the broker's own is not counted)
+        "cpu_ms_per_action": cpu,
+        "submit_to_start_ms": {"p50": pct(latencies, 50), "p99": pct(latencies, 99)},
+        "redelivery_after_nack_ms": {"p50": pct(nack_delays, 50), "p99": pct(nack_delays, 99)},
+        "redelivery_after_crash_ms": {"p50": pct(crash_delays, 50), "max": pct(crash_delays, 100)},
+    }
+
+
+def raw_pulsar_shared(url: str, n: int) -> dict[str, Any]:
+    import threading
+
+    import pulsar
+
+    client = pulsar.Client(url, logger=pulsar.ConsoleLogger(pulsar.LoggerLevel.Error))
+    topic = f"persistent://public/default/eb-bench-actions-{uuid.uuid4().hex[:8]}"
+    consumers = [
+        client.subscribe(topic, "workers", consumer_type=pulsar.ConsumerType.Shared, receiver_queue_size=1)
+        for _ in range(4)
+    ]
+    # block, not fail, when 1,000 sends are pending (a failed send_async without a callback is
+    # silently lost, and the baseline would wait for messages that were never published)
+    producer = client.create_producer(topic, batching_enabled=False, block_if_queue_full=True)
+    done = threading.Semaphore(0)
+    finished = threading.Event()
+
+    def work(c: Any) -> None:
+        while not finished.is_set():
+            try:
+                msg = c.receive(timeout_millis=200)
+            except pulsar.Timeout:
+                continue
+            except pulsar.AlreadyClosed:  # the client closed under us
+                return
+            c.acknowledge(msg)
+            done.release()
+
+    threads = [threading.Thread(target=work, args=(c,), daemon=True) for c in consumers]
+    c0 = cpu_s()
+    t0 = time.perf_counter()
+    for t in threads:
+        t.start()
+    for _ in range(n):
+        producer.send_async(b"{}", None)
+    producer.flush()
+    for _ in range(n):
+        if not done.acquire(timeout=60):
+            raise RuntimeError("raw Pulsar baseline: a message did not arrive within 60 s")
+    rate = n / (time.perf_counter() - t0)
+    cpu_ms = (cpu_s() - c0) / n * 1e3
+    finished.set()
+    for t in threads:
+        t.join(2)
+    client.close()
+    return {
+        "messages": n,
+        "consumers": 4,
+        "receiver_queue_size": 1,
+        "msgs_per_s": round(rate, 1),
+        "cpu_ms_per_msg": round(cpu_ms, 4),  # this process (the broker's own not counted)
+    }
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__)
+    p.add_argument("--quick", action="store_true")
+    p.add_argument("--one-process", action="store_true", help="host the Zenoh queue service in this process")
+    p.add_argument(
+        "--executor-processes",
+        action="store_true",
+        help="run the 4 no-op executors as separate `embodied-bus executor` processes (Zenoh)",
+    )
+    p.add_argument("--pulsar", default=None, help="broker URL for the raw Shared-subscription baseline")
+    p.add_argument("--pulsar-only", action="store_true", help="skip the Zenoh backend (needs --pulsar)")
+    args = p.parse_args()
+    if args.pulsar_only and not args.pulsar:
+        p.error("--pulsar-only needs --pulsar URL")
+    n = 1000 if args.quick else 5000
+    out: dict[str, Any] = {}
+    if not args.pulsar_only:
+        zenoh = asyncio.run(
+            actions_bench(n, service_process=not args.one_process, executor_processes=args.executor_processes)
+        )
+        zenoh["targets"] = {
+            "actions_per_s": 2000,
+            "submit_to_start_p50_ms": 2.0,
+            "redelivery_after_crash_ms": 1000,
+        }
+        out["zenoh"] = zenoh
+    if args.pulsar:
+        ours = asyncio.run(actions_bench(n, args.pulsar))
+        raw = raw_pulsar_shared(args.pulsar, n)
+        out["pulsar"] = ours
+        out["raw_pulsar_shared"] = raw
+        out["pulsar_ratio"] = {
+            "actions_per_s_vs_raw_msgs_per_s": round(ours["actions_per_s"] / raw["msgs_per_s"], 3),
+            "target": 0.5,
+        }
+    print(json.dumps(out, indent=2))
+
+
+if __name__ == "__main__":
+    main()
