@@ -8,6 +8,7 @@ import json
 import logging
 import uuid
 from collections.abc import Awaitable, Callable
+from functools import partial
 from typing import Any
 
 from embodied_bus.actions.model import Action, ActionError, action_from_dict, executors_with
@@ -91,7 +92,7 @@ class Executor:
         self.verifier = verifier
         self._pulsar: Any = None
         self._background: set[asyncio.Future[None]] = set()
-        self._acks: list[tuple[dict[str, Any], asyncio.Future[None]]] = []
+        self._acks: list[tuple[dict[str, Any], Callable[[str | None], None]]] = []
         if bus.engine.name == "pulsar":
             from embodied_bus.actions.pulsar_queue import PulsarActionQueue
 
@@ -114,7 +115,7 @@ class Executor:
         self._lease_fields: dict[str, Any] | None = None
         self._idle_known = False  # the last ack's lease found the queue empty
         self._running: set[asyncio.Task[None]] = set()
-        self._reports: set[asyncio.Future[None]] = set()  # acks being reported
+        self._reports: set[asyncio.Future[None]] = set()  # ack requests under way
         self._wake_fut: asyncio.Future[None] | None = None  # what _await_work waits on
         self._wake_posted = False  # a wake-up is on its way to the loop
 
@@ -158,18 +159,38 @@ class Executor:
             return False
         return True
 
-    async def _report_ack(self, ack: dict[str, Any], action: Action) -> None:
-        if await self._report(ack) and self.verifier is not None:
+    def _acked(self, action: Action, error: str | None) -> None:
+        """The queue's answer to a posted ack (Pulsar)."""
+        if error is not None:
+            self.unreported += 1
+            _log.warning("ack of action %s not recorded: %s", action.id, error)
+        elif self.verifier is not None:
             self.verifier.completed(action)
 
     async def _ack_batched(self, req: dict[str, Any]) -> None:
-        """Acks that finish in the same loop turn travel in one ``ack_many`` request (each gets
-        its own answer): fewer round trips when many short actions end together."""
+        """Send an ack with the others of this loop turn and wait for its answer."""
         fut: asyncio.Future[None] = asyncio.get_running_loop().create_future()
-        self._acks.append((req, fut))
-        if len(self._acks) == 1:
-            asyncio.get_running_loop().call_soon(lambda: asyncio.ensure_future(self._flush_acks()))
+
+        def answered(error: str | None) -> None:
+            if fut.done():
+                return
+            if error is None:
+                fut.set_result(None)
+            else:
+                fut.set_exception(RuntimeError(error))
+
+        self._queue_ack(req, answered)
         await fut
+
+    def _queue_ack(self, req: dict[str, Any], answered: Callable[[str | None], None]) -> None:
+        """Acks that finish in the same loop turn travel in one ``ack_many`` request (each gets
+        its own answer, passed to ``answered``: None or the error): fewer round trips when many
+        short actions end together. A stopping executor waits for the request."""
+        self._acks.append((req, answered))
+        if len(self._acks) == 1:  # its first step runs after this turn, with what gathered
+            flush = asyncio.ensure_future(self._flush_acks())
+            self._reports.add(flush)
+            flush.add_done_callback(self._reports.discard)
 
     async def _flush_acks(self) -> None:
         batch, self._acks = self._acks, []
@@ -190,22 +211,16 @@ class Executor:
                 reply = await self._call({"op": "ack_many", "acks": [r for r, _ in batch], **extra})
                 answers = reply["answers"]
         except (ConnectionError, RuntimeError) as err:
-            for _, fut in batch:
-                if not fut.done():
-                    fut.set_exception(type(err)(str(err)))
+            for _, answered in batch:
+                answered(str(err))
             return
         if "lease" in extra:
             # fewer than asked: the queue is empty and the service has us down as idle (it
             # pushes what comes next), so the run loop need not ask again
             self._idle_known = len(reply.get("actions") or ()) < extra["lease"]["max"]
         self.leased_with_ack += self._start_many(reply.get("actions") or (), "leased with an ack")
-        for (_, fut), answer in zip(batch, answers, strict=True):
-            if fut.done():
-                continue
-            if answer.get("ok"):
-                fut.set_result(None)
-            else:
-                fut.set_exception(RuntimeError(str(answer.get("error"))))
+        for (_, answered), answer in zip(batch, answers, strict=True):
+            answered(None if answer.get("ok") else str(answer.get("error")))
 
     async def _run_one(self, action: Action) -> None:
         if self.verifier is not None:
@@ -270,13 +285,12 @@ class Executor:
             self.completed += 1
             ack = {"op": "ack", "id": action.id, "executor": self.name, "result": result}
             if self._pulsar is None:  # the slot stays taken: the service fills it from the ack
-                await self._report_ack(ack, action)
+                if await self._report(ack) and self.verifier is not None:
+                    self.verifier.completed(action)
             else:
-                # reported after the slot is freed: the next action need not wait for Pulsar to
-                # persist this one's outcome (a stopping executor waits for its reports)
-                report = asyncio.ensure_future(self._report_ack(ack, action))
-                self._reports.add(report)
-                report.add_done_callback(self._reports.discard)
+                # answered after the slot is freed: the next action need not wait for Pulsar to
+                # persist this one's outcome (a stopping executor waits for the answers)
+                self._queue_ack(ack, partial(self._acked, action))
         finally:
             timer.cancel()
             for task in extender:

@@ -800,6 +800,8 @@ class PulsarActionQueue:
     # ------------------------------------------------------------------ set-up
     async def start(self) -> None:
         """Open the state log and make sure the durable subscriptions exist (idempotent)."""
+        if self._started:
+            return
         async with self._start_lock:
             if self._started:
                 return
