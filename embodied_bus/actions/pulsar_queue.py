@@ -6,8 +6,8 @@ Topics (``<t>/<ns>`` is the bus's Pulsar tenant and namespace, ``<bus>`` its nam
                                                           kind; Shared subscription
                                                           "eb-executors"
     persistent://<t>/<ns>/eb.<bus>.actions.state         event log: every state change as a full
-                                                          action snapshot; the records of one
-                                                          event-loop turn share one message
+                                                          action snapshot; records written
+                                                          together share one message
     persistent://<t>/<ns>/eb.<bus>.actions.dlq           dead-letter topic (with every attempt)
     non-persistent://<t>/<ns>/eb.<bus>.actions.reply.<planner>   feedback and results of the
                                                           actions of one planner (on demand)
@@ -43,11 +43,13 @@ keeps every open action and the latest :data:`VIEW_ENDED_LIMIT` ended ones in me
 durable subscription (``eb-state-keeper``) keeps it from being deleted, and the namespace's
 retention policy bounds it. A state-log message is a JSON array of records
 ``{"k": action id, "e": event, "d": snapshot or null}`` (event ``snapshot``, ``requeue``,
-``cancel``, ``purge`` or ``sync``): the records written in one turn of a process's event loop
-go out as one message, so under load one broker write carries many state changes. Views also
-read the one-record-per-message layout written before 2026-12-03 (property ``eb-event`` = the
-event, key = the action id); views from before then do not read arrays, so the planners and
-executors of one namespace are upgraded together.
+``cancel``, ``purge`` or ``sync``): a process has one state-log message in flight at a time
+(:data:`STATE_MESSAGES_IN_FLIGHT`) and the records written while it is being persisted go out
+together in the next (a group commit: one message per turn of the event loop when the broker
+keeps up, fewer and larger ones under load). Records are parsed with msgspec, a snapshot only
+when it is applied. Views also read the one-record-per-message layout written before
+2026-12-03 (property ``eb-event`` = the event, key = the action id); views from before then do
+not read arrays, so the planners and executors of one namespace are upgraded together.
 """
 
 from __future__ import annotations
@@ -231,7 +233,7 @@ class StateLog:
             self._producer = await asyncio.to_thread(
                 client.create_producer,
                 self._topics.state,
-                # records are gathered per event-loop turn by publish_event (one message each)
+                # records are gathered by _enqueue_record into messages of many records
                 batching_enabled=False,
                 block_if_queue_full=True,
             )
@@ -443,7 +445,7 @@ class StateLog:
         await self._enqueue_record(action_id, event, data)
 
     def _enqueue_record(self, action_id: str, event: str, data: bytes) -> asyncio.Future[None]:
-        """Add a record to this event-loop turn's message; the future completes when the
+        """Add a record to the next state-log message; the future completes when that
         message is persisted (or fails with :class:`BusConnectionError`)."""
         loop = asyncio.get_running_loop()
         if not self._pending and self._in_flight < STATE_MESSAGES_IN_FLIGHT:
