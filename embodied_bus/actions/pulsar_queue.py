@@ -753,6 +753,90 @@ class _Producers:
         self._open.clear()
 
 
+class _Replies:
+    """Replies to planners from the planners and executors of one engine: the records for one
+    planner's topic that gather while its previous message is being sent go out together (one
+    message in flight per topic, as on the state log), whichever executor wrote them.
+    :meth:`acquire` and :meth:`release` count the users; the last one closes the producers."""
+
+    _shared: weakref.WeakKeyDictionary[Any, _Replies] = weakref.WeakKeyDictionary()
+
+    @classmethod
+    def acquire(cls, engine: PulsarEngine) -> _Replies:
+        replies = cls._shared.get(engine)
+        if replies is None:
+            replies = cls._shared[engine] = cls(engine)
+        replies._users += 1
+        return replies
+
+    async def release(self) -> None:
+        self._users -= 1
+        if self._users > 0:
+            return
+        if self._shared.get(self._engine) is self:
+            del self._shared[self._engine]
+        await self._producers.close()
+
+    def __init__(self, engine: PulsarEngine) -> None:
+        self._engine = engine
+        self._users = 0
+        self._producers = _Producers(engine.client, limit=REPLY_PRODUCERS, block_if_queue_full=False)
+        self._pending: dict[str, list[bytes]] = {}  # topic -> records not sent yet
+        self._in_flight: set[str] = set()  # topics with a message being sent
+        self._tasks: set[asyncio.Future[None]] = set()
+
+    def add(self, topic: str, record: bytes) -> None:
+        """Queue a record for ``topic`` (loop thread); sent after this turn of the loop or when
+        the topic's message in flight is out."""
+        pending = self._pending.get(topic)
+        if pending is None:
+            pending = self._pending[topic] = []
+            if topic not in self._in_flight:
+                self._schedule(topic)
+        pending.append(record)
+
+    def _schedule(self, topic: str) -> None:
+        task = asyncio.ensure_future(self._send(topic))  # runs after this turn
+        self._tasks.add(task)  # referenced until done (the loop keeps only weak ones)
+        task.add_done_callback(self._tasks.discard)
+
+    async def _send(self, topic: str) -> None:
+        if topic in self._in_flight or topic not in self._pending:
+            return
+        self._in_flight.add(topic)
+        records: list[bytes] = []
+        try:
+            producer = await self._producers.get(topic)
+            records = self._pending.pop(topic, [])
+            chunks = _chunks(records)
+        except (BusConnectionError, pulsar.PulsarException) as err:  # the planner's topic is gone
+            records = self._pending.pop(topic, [])
+            _log.debug("%d replies to %s not sent: %s", len(records), topic, err)
+            self._in_flight.discard(topic)
+            return
+        inbox = _LoopInbox.of(asyncio.get_running_loop())
+        left = [len(chunks)]
+
+        def done() -> None:  # loop thread
+            left[0] -= 1
+            if left[0] == 0:
+                self._in_flight.discard(topic)
+                if topic in self._pending:
+                    self._schedule(topic)
+
+        def sent(_result: Any, _msg_id: Any) -> None:  # client thread
+            inbox.post(done)
+
+        for chunk in chunks:
+            try:
+                _send_async(producer, b"[" + b",".join(chunk) + b"]", sent, properties={"eb-event": "batch"})
+            except pulsar.PulsarException as err:  # e.g. the producer was closed
+                _log.debug("%d replies to %s not sent: %s", len(chunk), topic, err)
+                done()
+        if not chunks:
+            self._in_flight.discard(topic)
+
+
 class PulsarActionQueue:
     """The planner's and the executor's end of the action queue on Pulsar.
 
@@ -774,7 +858,7 @@ class PulsarActionQueue:
         self.name = uuid.uuid4().hex[:12]
         self._client = engine.client
         self._producers = _Producers(engine.client, block_if_queue_full=True)
-        self._reply_producers = _Producers(engine.client, limit=REPLY_PRODUCERS, block_if_queue_full=False)
+        self._replies_out = _Replies.acquire(engine)
         self._started = False
         self._closed = False
         self._kinds_ready: set[str] = set()
@@ -783,8 +867,6 @@ class PulsarActionQueue:
         self._reply_consumer: Any = None
         self._listeners: dict[str, list[Callable[[str, Any], None]]] = {}
         self._result_listener: Callable[[list[tuple[str, Any]]], None] | None = None
-        self._replies: dict[str, list[bytes]] = {}  # reply topic -> replies of this loop turn
-        self._sending: set[asyncio.Future[None]] = set()
         self._wake_callbacks: list[Callable[[], None]] = []
         # executor side
         self._consumers: dict[int, Any] = {}
@@ -860,7 +942,7 @@ class PulsarActionQueue:
             if h is not None:
                 await close_handle(h)
         await self._producers.close()
-        await self._reply_producers.close()
+        await self._replies_out.release()
         await self.state.release()
 
     # ------------------------------------------------------------------ the JSON requests
@@ -1125,28 +1207,10 @@ class PulsarActionQueue:
             raise _to_thread_error("opening the reply topic", err) from err
 
     def _reply(self, reply_to: str, action_id: str, event: str, data: bytes) -> None:
-        """Send a reply (``data``: JSON) to a planner; the replies to one planner in one turn of
-        the event loop go out as one message (a JSON array, as on the state log)."""
-        if not reply_to:
-            return
-        pending = self._replies.get(reply_to)
-        if pending is None:
-            pending = self._replies[reply_to] = []
-            task = asyncio.ensure_future(self._send_replies(reply_to))  # runs after this turn
-            self._sending.add(task)  # referenced until done (the loop keeps only weak ones)
-            task.add_done_callback(self._sending.discard)
-        pending.append(_record(action_id, event, data))
-
-    async def _send_replies(self, reply_to: str) -> None:
-        records = self._replies.pop(reply_to, [])
-        if not records:
-            return
-        try:
-            producer = await self._reply_producers.get(reply_to)
-            for chunk in _chunks(records):
-                producer.send_async(b"[" + b",".join(chunk) + b"]", None, properties={"eb-event": "batch"})
-        except (BusConnectionError, pulsar.PulsarException) as err:  # the planner's reply topic is gone
-            _log.debug("%d replies to %s not sent: %s", len(records), reply_to, err)
+        """Send a reply (``data``: JSON) to a planner, batched with the other replies to it (a
+        JSON array of records, as on the state log)."""
+        if reply_to:
+            self._replies_out.add(reply_to, _record(action_id, event, data))
 
     async def feedback(self, action_id: str, data: bytes) -> None:
         """Executor side: send feedback to the planner that submitted ``action_id``."""
