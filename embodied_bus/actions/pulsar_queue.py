@@ -123,6 +123,8 @@ STATE_BATCH_MAX_BYTES = 1 << 20
 #: persisted go out together in the next one (a group commit: one message per turn of the event
 #: loop when the broker keeps up, larger messages and fewer broker writes when it does not).
 STATE_MESSAGES_IN_FLIGHT = 1
+#: A level whose receive failed is asked again after this long, seconds.
+REARM_AFTER_S = 0.2
 #: A state-log reader that has not answered for this long is replaced, seconds.
 REOPEN_AFTER_S = 3.0
 #: Ended actions a state-log view keeps in memory (a planner asks about older ones in vain).
@@ -872,8 +874,7 @@ class PulsarActionQueue:
         self._consumers: dict[int, Any] = {}
         self._ready: list[tuple[int, int, Any]] = []  # (-priority, seq, message)
         self._ready_lock = threading.Lock()
-        self._taken = threading.Condition(self._ready_lock)
-        self._waiting: set[int] = set()  # levels with a received message not yet leased
+        self._inbox: _LoopInbox | None = None  # the executor's loop, for re-asking a level
         self._held: dict[str, tuple[Any, Action, str, Any]] = {}  # id -> (msg, action, reply, consumer)
         self._seq = 0
         self._pull_threads: list[threading.Thread] = []
@@ -933,8 +934,6 @@ class PulsarActionQueue:
             return
         self._closed = True
         self._stop.set()
-        with self._taken:
-            self._taken.notify_all()
         for t in self._pull_threads:
             await asyncio.to_thread(t.join, 2.0)
         handles = [*self._consumers.values(), self._reply_consumer]
@@ -1248,42 +1247,46 @@ class PulsarActionQueue:
                 self._consumers[p] = await asyncio.to_thread(subscribe, p)
         except pulsar.PulsarException as err:
             raise _to_thread_error("subscribing to the priority topics", err) from err
-        for priority, consumer in self._consumers.items():
-            t = threading.Thread(
-                target=self._pull, args=(priority, consumer), name=f"eb-actions-q{priority}", daemon=True
-            )
-            self._pull_threads.append(t)
-            t.start()
+        self._inbox = _LoopInbox.of(asyncio.get_running_loop())
+        for priority in self._consumers:
+            self._arm(priority)
 
-    def _pull(self, priority: int, consumer: Any) -> None:
-        """One thread per level: receive one message and wait until the executor leases it.
+    def _arm(self, priority: int) -> None:
+        """Ask a level's consumer for one message (``receive_async``; no thread per level).
 
-        With a receiver queue of 1 an executor holds at most two messages per level that it has
-        not started (one here, one prefetched), so a backlog stays with the broker, which hands
-        it to whichever executor asks next; the executor leases the highest level first.
+        A level has at most one message received and not yet leased, plus the one the client
+        prefetched (a receiver queue of 1): a backlog stays with the broker, which hands it to
+        whichever executor asks next; the executor leases the highest level it holds first.
+        The next message of a level is asked for when :meth:`take` takes this one.
         """
-        while not self._stop.is_set():
-            with self._taken:
-                while priority in self._waiting and not self._stop.is_set():
-                    self._taken.wait(0.5)
-            if self._stop.is_set():
-                return
-            try:
-                msg = consumer.receive(timeout_millis=200)
-            except pulsar.Timeout:
-                continue
-            except pulsar.PulsarException as err:
+        if self._stop.is_set():
+            return
+        consumer = self._consumers[priority]
+
+        def got(result: Any, msg: Any) -> None:  # a client thread (or this one)
+            if result != pulsar.Result.Ok:
                 if self._stop.is_set() or self.engine._closed:
                     return
-                _log.warning("receive from priority %d failed: %s", priority, err)
-                self._stop.wait(0.2)
-                continue
-            with self._taken:
+                _log.warning("receive from priority %d failed: %s", priority, result)
+                if self._inbox is not None:
+                    self._inbox.post(self._rearm_later, priority)
+                return
+            with self._ready_lock:
                 self._seq += 1
                 heapq.heappush(self._ready, (-priority, self._seq, (consumer, msg, time.monotonic())))
-                self._waiting.add(priority)
             for cb in self._wake_callbacks:
                 cb()
+
+        try:
+            consumer._consumer.receive_async(got)
+        except pulsar.PulsarException as err:  # closed meanwhile
+            if not self._stop.is_set():
+                _log.warning("receive from priority %d failed: %s", priority, err)
+                if self._inbox is not None:
+                    self._inbox.post(self._rearm_later, priority)
+
+    def _rearm_later(self, priority: int) -> None:
+        asyncio.get_running_loop().call_later(REARM_AFTER_S, self._arm, priority)
 
     def _slot_freed(self, action_id: str) -> None:
         with self._ready_lock:
@@ -1293,13 +1296,14 @@ class PulsarActionQueue:
         """Pop up to ``limit`` received messages, highest priority first (no waiting); each
         must then go through :meth:`begin`."""
         out: list[tuple[Any, Any, float]] = []
-        with self._taken:
+        levels = []
+        with self._ready_lock:
             while self._ready and len(out) < limit:
                 neg_priority, _, item = heapq.heappop(self._ready)
-                self._waiting.discard(-neg_priority)
+                levels.append(-neg_priority)
                 out.append(item)
-            if out:
-                self._taken.notify_all()
+        for priority in levels:  # outside the lock: a prefetched message comes back at once
+            self._arm(priority)
         return out
 
     async def begin(
