@@ -43,10 +43,10 @@ setup(
         "cryptography>=41",
     ],
     extras_require={
-        "pulsar": ["pulsar-client>=3.5,<4"],
+        "pulsar": ["pulsar-client>=3.9,<4"],
         "pointcloud": ["open3d>=0.18"],
         "test": [
-            "pulsar-client>=3.5,<4",
+            "pulsar-client>=3.9,<4",
             "open3d>=0.18",
             "pytest>=8",
             "pytest-asyncio>=0.23",
