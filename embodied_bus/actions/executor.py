@@ -116,6 +116,7 @@ class Executor:
         self._idle_known = False  # the last ack's lease found the queue empty
         self._running: set[asyncio.Task[None]] = set()
         self._reports: set[asyncio.Future[None]] = set()  # ack requests under way
+        self._contexts: dict[str, ActionContext] = {}  # running actions (Pulsar)
         self._wake_fut: asyncio.Future[None] | None = None  # what _await_work waits on
         self._wake_posted = False  # a wake-up is on its way to the loop
 
@@ -254,10 +255,16 @@ class Executor:
                     ctx.cancelled.set()
                 await asyncio.sleep(LEASE_S / 3)
 
-        # most actions end before their first extension is due: a timer, not a task, until then
+        # Zenoh: most actions end before their first extension is due: a timer, not a task, until
+        # then. Pulsar holds the message while the consumer lives: one watcher per executor
+        # looks for cancels of what runs (_watch_cancels).
         extender: list[asyncio.Task[None]] = []
         loop = asyncio.get_running_loop()
-        timer = loop.call_later(LEASE_S / 3, lambda: extender.append(loop.create_task(keep_lease())))
+        timer = None
+        if self._pulsar is None:
+            timer = loop.call_later(LEASE_S / 3, lambda: extender.append(loop.create_task(keep_lease())))
+        else:
+            self._contexts[action.id] = ctx
         try:
             result = await self.handlers[action.kind](action, ctx)
         except PermanentFailure as err:
@@ -292,9 +299,20 @@ class Executor:
                 # persist this one's outcome (a stopping executor waits for the answers)
                 self._queue_ack(ack, partial(self._acked, action))
         finally:
-            timer.cancel()
+            if timer is not None:
+                timer.cancel()
             for task in extender:
                 task.cancel()
+            self._contexts.pop(action.id, None)
+
+    async def _watch_cancels(self) -> None:
+        """Pulsar: signal the handlers whose actions were canceled (every third of
+        :data:`LEASE_S`, as the lease extensions on Zenoh)."""
+        while True:
+            await asyncio.sleep(LEASE_S / 3)
+            for action_id, ctx in list(self._contexts.items()):
+                if self._pulsar.state.cancel_requested(action_id):
+                    ctx.cancelled.set()
 
     def _start(self, env: dict[str, Any]) -> None:
         self._track(asyncio.create_task(self._run_one(action_from_dict(env, check_payload=False))))
@@ -387,6 +405,7 @@ class Executor:
         await group.announce(self.name, json.dumps({"kinds": kinds}))
         stopping = asyncio.ensure_future(stop.wait())  # wakes an idle wait at once
         stopping.add_done_callback(lambda _: self._woken())
+        watcher = asyncio.ensure_future(self._watch_cancels()) if self._pulsar is not None else None
         running = self._running
         if self._pulsar is None:
             self._lease_fields = {
@@ -442,6 +461,8 @@ class Executor:
                 await asyncio.wait(set(running) | self._reports)
         finally:
             stopping.cancel()
+            if watcher is not None:
+                watcher.cancel()
             self._lease_fields = None
             for s in subs:
                 s.undeclare()

@@ -218,7 +218,8 @@ class StateLog:
         # records not sent yet, sent together by _flush
         self._pending: list[bytes] = []
         self._in_flight = 0  # state-log messages sent and not yet persisted
-        self._pending_futs: list[asyncio.Future[None]] = []
+        # one per pending record: its future, or None where a later record's covers it
+        self._pending_futs: list[asyncio.Future[None] | None] = []
         # sync markers published and not yet read back: token -> (loop, future)
         self._markers: dict[str, tuple[asyncio.AbstractEventLoop, asyncio.Future[None]]] = {}
 
@@ -457,6 +458,22 @@ class StateLog:
         self._pending_futs.append(fut)
         return fut
 
+    def _enqueue_records(self, records: list[tuple[str, str, bytes]]) -> asyncio.Future[None]:
+        """Add ``(action id, event, data)`` records to the next state-log message; one future
+        for all, completed when they are persisted (the client completes one producer's sends
+        in order, so the last record's message confirms the others)."""
+        loop = asyncio.get_running_loop()
+        fut: asyncio.Future[None] = loop.create_future()
+        if not records:
+            fut.set_result(None)
+            return fut
+        if not self._pending and self._in_flight < STATE_MESSAGES_IN_FLIGHT:
+            loop.call_soon(self._flush)
+        self._pending.extend(_record(aid, event, data or b"null") for aid, event, data in records)
+        self._pending_futs.extend([None] * (len(records) - 1))
+        self._pending_futs.append(fut)
+        return fut
+
     def _flush(self) -> None:
         """Send the pending records (at most :data:`STATE_MESSAGES_IN_FLIGHT` messages in
         flight: the rest wait for :meth:`_sent`)."""
@@ -469,8 +486,9 @@ class StateLog:
             end = start + len(chunk)
             data = b"[" + b",".join(chunk) + b"]"
             self._in_flight += 1
+            covered = [f for f in futs[start:end] if f is not None]
             _send_settling(
-                self._producer, data, futs[start:end], properties={"eb-event": "batch"}, on_done=self._sent
+                self._producer, data, covered, properties={"eb-event": "batch"}, on_done=self._sent
             )
             start = end
 
@@ -999,15 +1017,14 @@ class PulsarActionQueue:
             if topic not in producers:
                 await self._ensure_kind(a.kind)
                 producers[topic] = await self._producers.get(topic)
-        persisted: list[asyncio.Future[None]] = []
+        records: list[tuple[str, str, bytes]] = []
         runs: dict[Any, list[tuple[bytes, str, dict[str, str]]]] = {}
         for a in fresh:
             data = encode_action(a)
-            persisted.append(self.state._enqueue_record(a.id, "snapshot", data))
+            records.append((a.id, "snapshot", data))
             props = {"eb-attempts": "0", "eb-reply-to": reply_to, "eb-kind": a.kind}
             runs.setdefault(producers[self.topics.queue(a.priority, a.kind)], []).append((data, a.id, props))
-        persisted.append(_send_runs(runs))
-        await asyncio.gather(*persisted)
+        await asyncio.gather(self.state._enqueue_records(records), _send_runs(runs))
         for a in fresh:
             if a.idempotency_key:
                 self.state.idem.setdefault(a.idempotency_key, a.id)
@@ -1481,7 +1498,7 @@ class PulsarActionQueue:
         """Acks of one executor's loop turn: their state records go out together, and each is
         acknowledged on Pulsar (and its result sent) once its record is persisted."""
         answers: list[dict[str, Any]] = []
-        settling: list[tuple[int, asyncio.Future[None], bytes, tuple[Any, Action, str, Any]]] = []
+        settling: list[tuple[int, bytes, tuple[Any, Action, str, Any]]] = []
         for item in req["acks"]:
             try:
                 held = self._close_ok(item)
@@ -1489,14 +1506,18 @@ class PulsarActionQueue:
                 answers.append({"ok": False, "error": str(err)})
                 continue
             a = held[1]
-            data = encode_action(a)
-            settling.append((len(answers), self.state._enqueue_record(a.id, "snapshot", data), data, held))
+            settling.append((len(answers), encode_action(a), held))
             answers.append({"ok": True, "status": a.status.value})
-        outcomes = await asyncio.gather(*(s[1] for s in settling), return_exceptions=True)
-        for (i, _fut, data, (msg, a, reply_to, consumer)), outcome in zip(settling, outcomes, strict=True):
+        persisted = self.state._enqueue_records([(h[1].id, "snapshot", data) for _, data, h in settling])
+        try:
+            await persisted
+            failed = None
+        except BusConnectionError as err:
+            failed = str(err)
+        for i, data, (msg, a, reply_to, consumer) in settling:
             self._slot_freed(a.id)
-            if isinstance(outcome, BaseException):
-                answers[i] = {"ok": False, "error": str(outcome)}
+            if failed is not None:
+                answers[i] = {"ok": False, "error": failed}
                 continue  # not acknowledged: Pulsar redelivers it (at least once)
             self._reply(reply_to, a.id, "result", data)
             consumer.acknowledge(msg)
