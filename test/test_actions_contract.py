@@ -166,6 +166,28 @@ async def test_cancel_signals_a_running_action(rig: Rig) -> None:
     assert done.status is ActionStatus.CANCELED
 
 
+async def test_an_awaited_result_that_does_not_come_times_out_on_its_own_deadline(rig: Rig) -> None:
+    """Waits share one deadline timer per planner: a short wait registered after a long one
+    still ends on time, and a result that comes ends its wait before the deadline."""
+
+    async def pick(action: Action, ctx):  # type: ignore[no-untyped-def]
+        return "picked"
+
+    await rig.executor("ex1", pick=pick)
+    idle = await rig.planner.submit("nobody_runs_this")  # no executor has the kind
+    loop = asyncio.get_running_loop()
+    long_wait = asyncio.ensure_future(idle.result(timeout_s=30))
+    await asyncio.sleep(0)  # the 30 s deadline is armed first
+    t0 = loop.time()
+    with pytest.raises(TimeoutError, match=f"action {idle.id} did not end within 0.5 s"):
+        await idle.result(timeout_s=0.5)
+    assert 0.4 <= loop.time() - t0 < 5  # not held up behind the 30 s deadline
+    done = await (await rig.planner.submit("pick")).result(timeout_s=20)
+    assert done.result == "picked"
+    assert not long_wait.done()  # still waiting on its own deadline
+    long_wait.cancel()
+
+
 async def test_bad_input_gets_a_clear_error_from_the_service(rig: Rig) -> None:
     with pytest.raises(ActionError, match="priority"):
         await rig.planner.submit("pick", priority=12)

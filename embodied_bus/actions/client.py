@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import asyncio
+import heapq
+import itertools
 import json
 from collections import OrderedDict
 from collections.abc import AsyncIterator, Sequence
@@ -34,6 +36,9 @@ POLL_FIRST_S = 1.0
 POLL_MAX_S = 5.0
 #: Action ids per batched look.
 POLL_BATCH = 500
+#: Finished waits stay in a planner's deadline heap until it holds twice this many entries
+#: and twice as many as the waits still open (then they are swept out).
+DEADLINE_PRUNE_AT = 1024
 
 
 class Planner:
@@ -75,6 +80,10 @@ class Planner:
         self._waiters: dict[str, list[asyncio.Future[Action]]] = {}
         self._results_sub: Any = None
         self._poller: asyncio.Task[None] | None = None
+        # result waits with a timeout: (loop time, seq, future), earliest first
+        self._deadlines: list[tuple[float, int, asyncio.Future[Action]]] = []
+        self._deadline_seq = itertools.count()
+        self._deadline_timer: asyncio.TimerHandle | None = None
 
     async def __aenter__(self) -> Planner:
         return self
@@ -86,6 +95,9 @@ class Planner:
         """Stop listening for results (and release the Pulsar reply topic and state reader)."""
         if self._poller is not None:
             self._poller.cancel()
+        if self._deadline_timer is not None:
+            self._deadline_timer.cancel()
+            self._deadline_timer = None
         if self._results_sub is not None and self._pulsar is None:
             self._results_sub.undeclare()
         self._results_sub = None
@@ -130,6 +142,37 @@ class Planner:
         for fut in self._waiters.pop(action_id, []):
             if not fut.done():
                 fut.set_result(action)
+
+    def _expire_at(self, when: float, fut: asyncio.Future[Action]) -> None:
+        """Fail ``fut`` with a timeout at loop time ``when`` unless it is done by then (one loop
+        timer for all waits, at the earliest deadline)."""
+        heapq.heappush(self._deadlines, (when, next(self._deadline_seq), fut))
+        if len(self._deadlines) > 2 * DEADLINE_PRUNE_AT and len(self._deadlines) > 2 * len(self._waiters):
+            self._deadlines = [d for d in self._deadlines if not d[2].done()]  # results came
+            heapq.heapify(self._deadlines)
+        self._arm_deadline()
+
+    def _arm_deadline(self) -> None:
+        heap = self._deadlines
+        while heap and heap[0][2].done():
+            heapq.heappop(heap)
+        if not heap:
+            return
+        when = heap[0][0]
+        timer = self._deadline_timer
+        if timer is not None and timer.when() <= when:
+            return
+        if timer is not None:
+            timer.cancel()
+        self._deadline_timer = asyncio.get_running_loop().call_at(when, self._expire_due)
+
+    def _expire_due(self) -> None:
+        self._deadline_timer = None
+        now = asyncio.get_running_loop().time()
+        heap = self._deadlines
+        while heap and heap[0][0] <= now:
+            _expire(heapq.heappop(heap)[2])
+        self._arm_deadline()
 
     def _ensure_poller(self) -> None:
         if self._poller is None or self._poller.done():
@@ -282,8 +325,10 @@ class ActionHandle:
         fut: asyncio.Future[Action] = loop.create_future()
         p._waiters.setdefault(self.id, []).append(fut)
         p._ensure_poller()
-        # one future and a timer (no wait_for and shield: a planner may await thousands)
-        timer = None if timeout_s is None else loop.call_later(timeout_s, _expire, fut)
+        # one future, and the planner's deadline heap (no wait_for, shield or timer per wait: a
+        # planner may await thousands)
+        if timeout_s is not None:
+            p._expire_at(loop.time() + timeout_s, fut)
         try:
             return await fut
         except _ResultTimeout:
@@ -292,8 +337,6 @@ class ActionHandle:
                 return current
             raise TimeoutError(f"action {self.id} did not end within {timeout_s:g} s") from None
         finally:
-            if timer is not None:
-                timer.cancel()
             waiters = p._waiters.get(self.id)
             if waiters is not None and fut in waiters:
                 waiters.remove(fut)
