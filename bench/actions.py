@@ -227,7 +227,9 @@ async def actions_bench(
         "actions": n_actions,
         "executors": 4,
         "layout": (
-            "no queue service (Pulsar)"
+            "no queue service (Pulsar); 4 noop executors each in its own process, planner in this one"
+            if pulsar_url and executor_processes
+            else "no queue service (Pulsar); planner and 4 executors in this one"
             if pulsar_url
             else "queue service and 4 noop executors each in its own process; planner in this one"
             if service_proc and executor_processes
@@ -236,7 +238,8 @@ async def actions_bench(
             else "queue service, planner and executors in one process"
         ),
         "actions_per_s": round(rate, 1),
-        # CPU per action while the throughput ran, ms (Pulsar: the broker's own is not counted)
+        # CPU per action while the throughput ran, ms (Pulsar: the broker's own is not counted;
+        # with --executor-processes, theirs is under queue_service_and_executor_processes)
         "cpu_ms_per_action": cpu,
         "submit_to_start_ms": {"p50": pct(latencies, 50), "p99": pct(latencies, 99)},
         "redelivery_after_nack_ms": {"p50": pct(nack_delays, 50), "p99": pct(nack_delays, 99)},
@@ -305,7 +308,7 @@ def main() -> None:
     p.add_argument(
         "--executor-processes",
         action="store_true",
-        help="run the 4 no-op executors as separate `embodied-bus executor` processes (Zenoh)",
+        help="run the 4 no-op executors as separate `embodied-bus executor` processes",
     )
     p.add_argument("--pulsar", default=None, help="broker URL for the raw Shared-subscription baseline")
     p.add_argument("--pulsar-only", action="store_true", help="skip the Zenoh backend (needs --pulsar)")
@@ -325,7 +328,7 @@ def main() -> None:
         }
         out["zenoh"] = zenoh
     if args.pulsar:
-        ours = asyncio.run(actions_bench(n, args.pulsar))
+        ours = asyncio.run(actions_bench(n, args.pulsar, executor_processes=args.executor_processes))
         raw = raw_pulsar_shared(args.pulsar, n)
         out["pulsar"] = ours
         out["raw_pulsar_shared"] = raw
