@@ -252,8 +252,8 @@ class Planner:
         signed = [self.signer.sign(a.validate()) if self.signer else a.validate() for a in actions]
         if self._pulsar is None:  # serialized right away by the request
             reply = await self._call({"op": "submit", "actions": [action_to_dict(a) for a in signed]})
-        else:  # handed on as copies: the queue changes its own, not the caller's
-            reply = await self._pulsar.submit([_own_copy(a) for a in signed])
+        else:  # handed on as copies (own lists and dicts): the queue changes its own
+            reply = await self._pulsar.submit([a.copy() for a in signed])
         return [ActionHandle(self, r["id"], duplicate=r["duplicate"]) for r in reply["actions"]]
 
     async def get(self, action_id: str) -> Action | None:
@@ -282,12 +282,6 @@ class _ResultTimeout(Exception):
 def _expire(fut: asyncio.Future[Action]) -> None:
     if not fut.done():
         fut.set_exception(_ResultTimeout())
-
-
-def _own_copy(a: Action) -> Action:
-    """A copy of an action whose lists and dicts the queue may change (the payload is encoded
-    when it is submitted and not changed)."""
-    return a.copy()
 
 
 class ActionHandle:

@@ -413,7 +413,7 @@ class StateLog:
     def get(self, action_id: str) -> Action | None:
         with self._lock:
             a = self.actions.get(action_id)
-            return None if a is None or a.kind == "unknown" else _copy(a)
+            return None if a is None or a.kind == "unknown" else a.copy()
 
     @contextlib.contextmanager
     def peek(self, action_id: str) -> Iterator[Action | None]:
@@ -432,11 +432,11 @@ class StateLog:
         """Copies of those of ``action_ids`` that have ended (the others are not copied)."""
         with self._lock:
             found = (self.actions.get(i) for i in action_ids)
-            return [_copy(a) for a in found if a is not None and a.kind != "unknown" and a.status.terminal]
+            return [a.copy() for a in found if a is not None and a.kind != "unknown" and a.status.terminal]
 
     def snapshot(self) -> list[Action]:
         with self._lock:
-            return [_copy(a) for a in self.actions.values() if a.kind != "unknown"]
+            return [a.copy() for a in self.actions.values() if a.kind != "unknown"]
 
     async def publish(self, action: Action, event: str = "snapshot", *, encoded: bytes | None = None) -> None:
         """Append a snapshot of ``action`` (persisted when this returns); ``encoded`` is
@@ -450,13 +450,7 @@ class StateLog:
     def _enqueue_record(self, action_id: str, event: str, data: bytes) -> asyncio.Future[None]:
         """Add a record to the next state-log message; the future completes when that
         message is persisted (or fails with :class:`BusConnectionError`)."""
-        loop = asyncio.get_running_loop()
-        if not self._pending and self._in_flight < STATE_MESSAGES_IN_FLIGHT:
-            loop.call_soon(self._flush)
-        self._pending.append(_record(action_id, event, data or b"null"))
-        fut: asyncio.Future[None] = loop.create_future()
-        self._pending_futs.append(fut)
-        return fut
+        return self._enqueue_records([(action_id, event, data)])
 
     def _enqueue_records(self, records: list[tuple[str, str, bytes]]) -> asyncio.Future[None]:
         """Add ``(action id, event, data)`` records to the next state-log message; one future
@@ -582,10 +576,6 @@ def _chunks(records: list[bytes]) -> list[list[bytes]]:
     if run:
         out.append(run)
     return out
-
-
-def _copy(a: Action) -> Action:
-    return a.copy()
 
 
 async def _send(producer: Any, data: bytes, **kwargs: Any) -> None:
@@ -1068,7 +1058,7 @@ class PulsarActionQueue:
             a.status = ActionStatus.CANCELED
             await self.state.publish(a)
             if self._result_listener is not None:
-                self._result_listener([(aid, _copy(a))])
+                self._result_listener([(aid, a.copy())])
         return {"action": json.loads(encode_action(a)) if a else None}
 
     async def _op_backlog(self, _req: dict[str, Any]) -> dict[str, Any]:
@@ -1391,7 +1381,7 @@ class PulsarActionQueue:
                     len(env.attempts),
                 )
                 if view is not None and newer:
-                    a = _copy(view)  # a redelivery: the state log knows more (attempts, checkpoint)
+                    a = view.copy()  # a redelivery: the state log knows more (attempts, checkpoint)
                 else:
                     a = env  # the message is at least as new as this executor's view
                     a.cancel_requested = a.cancel_requested or bool(view and view.cancel_requested)
@@ -1447,7 +1437,7 @@ class PulsarActionQueue:
         await self.state.publish(a)  # the attempt is counted before the handler runs
         with self._ready_lock:
             self._held[a.id] = (msg, a, reply_to, consumer)
-        return _copy(a)
+        return a.copy()
 
     async def _settle(self, a: Action, msg: Any, consumer: Any, reply_to: str) -> None:
         """A terminal state: dead-letter topic (if dead), state log, reply, then ack."""
