@@ -21,7 +21,14 @@ from embodied_bus.model import (
     encode_properties,
     validate_stream_name,
 )
-from embodied_bus.model.wire import HeaderPacker, decode_batch, encode_batch, is_batch, split_batch
+from embodied_bus.model.wire import (
+    HeaderPacker,
+    decode_batch,
+    encode_batch,
+    is_batch,
+    split_batch,
+    with_header_flags,
+)
 
 BASE = Header(
     stream="lidar/front",
@@ -44,6 +51,16 @@ def test_header_round_trips_through_binary_and_properties(modality: Modality, fl
     h = BASE._replace(modality=modality, flags=flags)
     assert decode_header(encode_header(h)) == h
     assert decode_properties(encode_properties(h)) == h
+
+
+@pytest.mark.parametrize("flags", [HeaderFlags.NONE, HeaderFlags.STAMP_FALLBACK])
+def test_flags_set_on_a_packed_header_change_nothing_else(flags: HeaderFlags) -> None:
+    h = BASE._replace(flags=flags)
+    assert decode_header(with_header_flags(encode_header(h), HeaderFlags.SHM)) == h._replace(
+        flags=flags | HeaderFlags.SHM
+    )
+    with pytest.raises(HeaderError, match="too short"):
+        with_header_flags(b"EB\x01", HeaderFlags.SHM)
 
 
 @given(

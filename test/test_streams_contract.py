@@ -134,7 +134,43 @@ async def test_gaps_duplicates_and_out_of_order_are_counted(bus_pair: BusPair) -
 
 
 async def test_8mib_point_cloud_and_6mib_image_round_trip_intact(bus_pair: BusPair) -> None:
-    await _big_round_trip(bus_pair, shm=False)
+    # engine defaults: on Zenoh the publisher writes them into its shared-memory pool
+    await _big_round_trip(bus_pair, shm=None, through_pool=bus_pair.engine == "zenoh")
+
+
+@pytest.mark.parametrize("where", ["publisher", "session"])
+async def test_large_zenoh_payloads_round_trip_intact_with_shared_memory_off(where: str) -> None:
+    url_a, url_b = zenoh_urls()
+    if where == "session":
+        url_a, url_b = url_a + "&shm=0", url_b + "?shm=0"
+    ns = "noshm" + str(os.getpid())
+    async with open_bus(url_a, namespace=ns) as a, open_bus(url_b, namespace=ns) as b:
+        pair = BusPair("zenoh", a, b, ns, url_a, url_b)
+        await _big_round_trip(pair, shm=False if where == "publisher" else None, through_pool=False)
+
+
+async def test_a_full_shared_memory_pool_never_stalls_the_publisher_and_loses_nothing() -> None:
+    # The subscriber keeps 40 samples of 1 MiB queued without taking them: each holds its
+    # segment of the publisher's 32 MiB pool, so the later ones must go the ordinary way.
+    url_a, url_b = zenoh_urls()
+    ns = "shmfull" + str(os.getpid())
+    async with open_bus(url_a, namespace=ns) as a, open_bus(url_b, namespace=ns) as b:
+        sub = await b.subscribe(
+            "cam", options=SubscriptionOptions(capacity=64, backpressure=Backpressure.BLOCK)
+        )
+        pub = await a.publisher("cam", options=BLOCK)
+        assert await pub.wait_for_subscribers(10.0)
+        payloads = [bytes([i]) * (1 << 20) for i in range(40)]
+        for i, p in enumerate(payloads):
+            await pub.publish(p, stamp_ns=1_000 + i)
+        await asyncio.wait_for(pub.flush(), 30)  # no sample waits for a segment
+        await wait_until(lambda: sub.counters()["received"] == 40, 30, "40 samples queued")
+        got = [await sub.recv(timeout_s=10) for _ in range(40)]
+        assert [s.seq for s in got] == list(range(1, 41))
+        assert [s.payload for s in got] == payloads
+        through_pool = [bool(s.header.flags & HeaderFlags.SHM) for s in got]
+        assert through_pool[0] and not through_pool[-1], through_pool
+        assert sub.counters()["gaps"] == 0
 
 
 async def test_zenoh_shared_memory_carries_8mib_clouds_and_6mib_images(tmp_path) -> None:  # type: ignore[no-untyped-def]
@@ -143,10 +179,10 @@ async def test_zenoh_shared_memory_carries_8mib_clouds_and_6mib_images(tmp_path)
     url_a, url_b = zenoh_urls()
     ns = "shm" + str(os.getpid())
     async with open_bus(url_a + "&shm=1", namespace=ns) as a, open_bus(url_b + "?shm=1", namespace=ns) as b:
-        await _big_round_trip(BusPair("zenoh", a, b, ns, url_a, url_b), shm=True)
+        await _big_round_trip(BusPair("zenoh", a, b, ns, url_a, url_b), shm=True, through_pool=True)
 
 
-async def _big_round_trip(bus_pair: BusPair, *, shm: bool) -> None:
+async def _big_round_trip(bus_pair: BusPair, *, shm: bool | None, through_pool: bool) -> None:
     sub = await bus_pair.subscriber_bus.subscribe(
         "lidar", options=SubscriptionOptions(capacity=4, backpressure=Backpressure.BLOCK)
     )
@@ -170,8 +206,7 @@ async def _big_round_trip(bus_pair: BusPair, *, shm: bool) -> None:
     assert not out.flags.owndata  # a view of the payload, not a copy
     assert len(b.payload) == 6 * 1024 * 1024
     assert np.array_equal(np.frombuffer(b.payload, np.uint8).reshape(image.shape), image)
-    if shm:
-        assert a.header.flags & HeaderFlags.SHM
+    assert [bool(s.header.flags & HeaderFlags.SHM) for s in (a, b)] == [through_pool] * 2
 
 
 async def test_drop_oldest_keeps_the_latest_samples_and_counts_drops(bus_pair: BusPair) -> None:

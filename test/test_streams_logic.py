@@ -294,6 +294,28 @@ def test_the_zenoh_shared_memory_pool_size_comes_from_the_url_or_the_default(
     assert cfg.get_json("transport/shared_memory/transport_optimization/pool_size") == str(pool_bytes)
 
 
+@pytest.mark.parametrize(
+    ("free_mib", "payload_mib", "pool_mib"),
+    [
+        (24 * 1024, 1, 32),  # a roomy /dev/shm: the default
+        (24 * 1024, 8, 64),  # room for eight 8 MiB clouds
+        (40, 1, 10),  # a container's nearly full 64 MiB: a quarter of what is free
+        (40, 8, None),  # not even two clouds would fit: no pool, payloads go the ordinary way
+    ],
+)
+def test_a_publishers_shared_memory_pool_fits_its_payloads_and_the_room_in_dev_shm(
+    monkeypatch: pytest.MonkeyPatch, free_mib: int, payload_mib: int, pool_mib: int | None
+) -> None:
+    from embodied_bus.engines import zenoh_engine
+
+    mib = 1 << 20
+    monkeypatch.setattr(
+        zenoh_engine.os, "statvfs", lambda path: SimpleNamespace(f_bavail=free_mib * 256, f_frsize=4096)
+    )
+    got = zenoh_engine._shm_pool_bytes(payload_mib * mib)
+    assert got == (None if pool_mib is None else pool_mib * mib)
+
+
 def test_a_zenoh_config_file_that_sets_the_shared_memory_pool_keeps_it(tmp_path) -> None:  # type: ignore[no-untyped-def]
     from embodied_bus.engines.zenoh_engine import build_zenoh_config
 
@@ -348,17 +370,24 @@ def test_the_zenoh_sender_cuts_a_burst_into_the_same_puts_on_its_fast_and_genera
 ) -> None:
     from embodied_bus.engines.zenoh_engine import _ZenohPublisher
 
-    def puts(shm_threshold: int | None) -> list[tuple[bytes, bytes]]:
+    items = [(bytes([i % 251]) * n, b"h%d" % i, 1) for i, n in enumerate(sizes)]
+
+    def puts(fast: bool) -> list[tuple[bytes, bytes]]:
         out: list[tuple[bytes, bytes]] = []
         fake = SimpleNamespace(
             _put=lambda body, attachment: out.append((bytes(attachment), bytes(body))),
-            _shm_threshold=shm_threshold,
+            _shm_threshold=None,
             batches=0,
         )
+        fake._put_one = lambda body, att: _ZenohPublisher._put_one(fake, body, att)  # type: ignore[arg-type]
         fake._put_run = lambda atts, bodies: _ZenohPublisher._put_run(fake, atts, bodies)  # type: ignore[arg-type]
-        items = [(bytes([i % 251]) * n, b"h%d" % i, 1) for i, n in enumerate(sizes)]
-        assert _ZenohPublisher._put_all(fake, items) is None  # type: ignore[arg-type]
+        if fast:
+            atts = [att for _, att, _ in items]
+            bodies = [body for body, _, _ in items]
+            sizes = [len(a) + len(b) for a, b in zip(atts, bodies, strict=True)]
+            assert _ZenohPublisher._put_small(fake, atts, bodies, sizes) is None  # type: ignore[arg-type]
+        else:
+            assert _ZenohPublisher._put_mixed(fake, items) is None  # type: ignore[arg-type]
         return out
 
-    # a threshold no payload reaches takes the general path with the same (bytes) payloads
-    assert puts(None) == puts(1 << 40)
+    assert puts(fast=True) == puts(fast=False)

@@ -8,7 +8,7 @@ Zenoh (embedded, the default)::
     zenoh:?mode=router&listen=tcp/0.0.0.0:7447   host the router inside this process
     zenoh:?mode=client&connect=tcp/10.0.0.2:7447 client of a router
     zenoh:?scouting=multicast                enable multicast scouting (LAN discovery)
-    zenoh:?shm=1                             enable shared memory transport
+    zenoh:?shm=0                             shared memory off (on by default, for large payloads)
     zenoh:?shm_pool=64MiB                    shared-memory pool for large messages (default 32 MiB)
     zenoh:?config=/etc/zenoh/robot.json5     start from a Zenoh config file (TLS, access control...)
     zenoh:?listen=tls/0.0.0.0:7447&tls_ca=ca.pem&tls_cert=robot.pem&tls_key=robot.key&mtls=1
@@ -75,7 +75,8 @@ class ZenohSettings:
             bus fails if none is reachable within ``connect_timeout_s``.
         multicast_scouting: Enable multicast scouting (off by default: robots on a shared LAN
             should not discover each other by accident).
-        shm: Enable the shared-memory transport (None: engine default).
+        shm: Shared-memory transport on or off (None: engine default, on); off also keeps
+            publishers from writing large payloads into their own pools.
         shm_pool_bytes: Size of the shared-memory pool Zenoh moves large messages to same-host
             peers through, in bytes. None: :data:`DEFAULT_SHM_POOL_BYTES`, unless
             ``config_file`` sets one; 0: Zenoh's own default.

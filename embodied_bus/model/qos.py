@@ -54,9 +54,13 @@ class PublisherOptions:
         max_payload_bytes: Largest payload accepted; bigger ones raise PayloadTooLargeError.
         chunking: Pulsar only: split payloads over the broker's message size limit into chunks.
             When False, a payload over that limit raises PayloadTooLargeError.
-        shm: Zenoh only: send payloads of at least ``shm_threshold_bytes`` through shared memory
-            (same-host zero-copy transport). None means the engine default (off).
-        shm_threshold_bytes: Smallest payload sent through shared memory.
+        shm: Zenoh only: write payloads of at least ``shm_threshold_bytes`` into this
+            publisher's shared-memory pool (one copy; processes on the same host read it from
+            there, Zenoh copies it for other hosts). None means the engine default: on unless
+            the session's shared memory is off (``zenoh:?shm=0``). A payload that finds the
+            pool full goes the ordinary way; the publisher never waits for the pool.
+        shm_threshold_bytes: Smallest payload sent through shared memory (samples batched
+            with others never are).
         send_timeout_s: Pulsar only: how long a sample may wait for the broker before the
             publisher reports it failed; 0 waits forever (None: 0 for BLOCK, 30 s for DROP).
     """

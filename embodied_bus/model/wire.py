@@ -47,6 +47,7 @@ __all__ = [
     "is_batch",
     "split_batch",
     "validate_stream_name",
+    "with_header_flags",
 ]
 
 #: Two magic bytes that open every binary header.
@@ -215,6 +216,18 @@ class HeaderPacker:
     def __call__(self, seq: int, stamp_ns: int, bucket: int, publish_ns: int) -> bytes:
         """The encoded header of the template with these four fields."""
         return self.pack(self.head, seq, stamp_ns, bucket, self.mid, publish_ns, self.tail)
+
+
+def with_header_flags(header: bytes, flags: HeaderFlags) -> bytes:
+    """The binary header ``header`` with these flag bits set as well (byte 3; the other bytes
+    unchanged): for a sender that learns a sample's path only after its header was packed.
+
+    Raises:
+        HeaderError: ``header`` is too short to hold the flags byte.
+    """
+    if len(header) < 4:
+        raise HeaderError(f"header too short to carry flags: {len(header)} bytes")
+    return b"".join((header[:3], bytes((header[3] | int(flags),)), header[4:]))
 
 
 _pack = HEADER_STRUCT.pack
