@@ -589,6 +589,24 @@ class _ZenohPublisher(EnginePublisher):
                     pass
 
 
+class _ShmPayload:
+    """A received payload in a shared-memory segment (an :class:`EngineBuffer`): copied out
+    with ``bytes(ZShm)``, which skips the zero-filling ``ZBytes.to_bytes`` does first (15-25 %
+    less time per 1 MiB, measured)."""
+
+    __slots__ = ("_shm", "_size")
+
+    def __init__(self, shm: Any, size: int) -> None:
+        self._shm = shm
+        self._size = size
+
+    def __len__(self) -> int:
+        return self._size
+
+    def to_bytes(self) -> bytes:
+        return bytes(self._shm)
+
+
 class _ZenohSubscriber(EngineSubscriber):
     def __init__(self, engine: ZenohEngine, key: str, sink: MessageSink) -> None:
         deliver = sink.deliver
@@ -616,13 +634,15 @@ class _ZenohSubscriber(EngineSubscriber):
             if header is None:
                 return
             payload = sample.payload
-            if len(payload) < LAZY_COPY_BYTES:
+            size = len(payload)
+            if size < LAZY_COPY_BYTES:
                 deliver(header, payload.to_bytes(), None)
             else:
                 # Copied when the application takes it, in its own thread: a large buffer is
                 # then allocated and freed by one thread (no page-fault churn across threads),
                 # and a sample dropped by drop_oldest is never copied at all.
-                deliver(header, payload, None)
+                shm = payload.as_shm()
+                deliver(header, payload if shm is None else _ShmPayload(shm, size), None)
 
         self._sub = engine.session.declare_subscriber(key, on_sample)
         self._closed = False
