@@ -4,8 +4,8 @@
 nack and after an executor crash (its session closes without a goodbye). Zenoh always (embedded;
 the queue service in its own process as `embodied-bus queue`, or in this one with
 ``--one-process``); with ``--pulsar URL`` also the Pulsar backend and raw pulsar-client
-Shared-subscription throughput (4 consumers, receiver queue 1, ack per message) in the same
-run, with the ratio. Prints one JSON document.
+Shared-subscription throughput (4 consumers with the executors' receiver queue size, ack per
+message) in the same run, with the ratio. Prints one JSON document.
 
 With ``--executor-processes`` the four no-op executors run as separate ``embodied-bus executor``
 processes (the deployed layout), and submit→start is taken from the start time they return.
@@ -252,10 +252,18 @@ def raw_pulsar_shared(url: str, n: int) -> dict[str, Any]:
 
     import pulsar
 
+    from embodied_bus.actions.pulsar_queue import RECEIVER_QUEUE_SIZE
+
     client = pulsar.Client(url, logger=pulsar.ConsoleLogger(pulsar.LoggerLevel.Error))
     topic = f"persistent://public/default/eb-bench-actions-{uuid.uuid4().hex[:8]}"
+    # the executors' receiver queue (raw measured the same with 1 and 2, 2026-12-03)
     consumers = [
-        client.subscribe(topic, "workers", consumer_type=pulsar.ConsumerType.Shared, receiver_queue_size=1)
+        client.subscribe(
+            topic,
+            "workers",
+            consumer_type=pulsar.ConsumerType.Shared,
+            receiver_queue_size=RECEIVER_QUEUE_SIZE,
+        )
         for _ in range(4)
     ]
     # block, not fail, when 1,000 sends are pending (a failed send_async without a callback is
@@ -295,7 +303,7 @@ def raw_pulsar_shared(url: str, n: int) -> dict[str, Any]:
     return {
         "messages": n,
         "consumers": 4,
-        "receiver_queue_size": 1,
+        "receiver_queue_size": RECEIVER_QUEUE_SIZE,
         "msgs_per_s": round(rate, 1),
         "cpu_ms_per_msg": round(cpu_ms, 4),  # this process (the broker's own not counted)
     }
