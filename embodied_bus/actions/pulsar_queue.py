@@ -104,7 +104,7 @@ EXECUTOR_SUBSCRIPTION = "eb-executors"
 #: Messages a consumer prefetches per priority topic: small, so a busy executor does not hoard
 #: work an idle one could run (it holds at most this + 1 unstarted actions per level). 2, not 1:
 #: the next message is then already on its way while the executor takes the last one (planner
-#: and 4 executors in one process, 9 alternating pairs: +11 to +59 % actions/s, 8-30 % less CPU
+#: and 4 executors in one process, 12 alternating pairs: +11 to +65 % actions/s, 8-30 % less CPU
 #: per action; raw pulsar-client ran the same with 1 and 2).
 RECEIVER_QUEUE_SIZE = 2
 #: Durable subscription that keeps the state log (never acknowledged).
