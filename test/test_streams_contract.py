@@ -138,6 +138,50 @@ async def test_8mib_point_cloud_and_6mib_image_round_trip_intact(bus_pair: BusPa
     await _big_round_trip(bus_pair, shm=None, through_pool=bus_pair.engine == "zenoh")
 
 
+_SHM_PUBLISHER = """
+import asyncio, sys
+from embodied_bus import Backpressure, PublisherOptions, open_bus
+
+async def main() -> None:
+    async with open_bus(sys.argv[1], namespace=sys.argv[2]) as bus:
+        pub = await bus.publisher("cam", options=PublisherOptions(backpressure=Backpressure.BLOCK))
+        assert await pub.wait_for_subscribers(10.0)
+        for i in range(6):
+            await pub.publish(bytes([i]) * (2 << 20), stamp_ns=1_000 + i)
+        await pub.flush()
+        print("sent", flush=True)
+        await asyncio.sleep(60)
+
+asyncio.run(main())
+"""
+
+
+async def test_shared_memory_samples_queued_when_their_publisher_is_killed_arrive_intact() -> None:
+    import signal
+    import subprocess
+    import sys
+
+    url_a, url_b = zenoh_urls()
+    ns = "shmkill" + str(os.getpid())
+    async with open_bus(url_a, namespace=ns) as b:
+        opts = SubscriptionOptions(capacity=16, backpressure=Backpressure.BLOCK)
+        sub = await b.subscribe("cam", options=opts)
+        proc = subprocess.Popen(
+            [sys.executable, "-c", _SHM_PUBLISHER, url_b, ns], stdout=subprocess.PIPE, text=True
+        )
+        try:
+            assert proc.stdout is not None
+            line = await asyncio.wait_for(asyncio.to_thread(proc.stdout.readline), 30)
+            assert line.strip() == "sent"
+            await wait_until(lambda: sub.buffered() == 6, 20, "6 samples queued")
+        finally:
+            proc.send_signal(signal.SIGKILL)
+            proc.wait(10)
+        got = [await sub.recv(timeout_s=10) for _ in range(6)]  # their segments outlive the publisher
+        assert [s.payload for s in got] == [bytes([i]) * (2 << 20) for i in range(6)]
+        assert all(s.header.flags & HeaderFlags.SHM for s in got)
+
+
 @pytest.mark.parametrize("where", ["publisher", "session"])
 async def test_large_zenoh_payloads_round_trip_intact_with_shared_memory_off(where: str) -> None:
     url_a, url_b = zenoh_urls()
