@@ -30,6 +30,12 @@ from conftest import BusPair, wait_until, zenoh_urls
 BLOCK = PublisherOptions(backpressure=Backpressure.BLOCK)
 
 
+def _settled(sub, received: int, dropped: int):  # type: ignore[no-untyped-def]
+    """A condition: this many samples received and dropped (a drop_oldest buffer's final state:
+    samples are counted as received before they are buffered, drops after)."""
+    return lambda: sub.counters()["received"] == received and sub.counters()["dropped"] == dropped
+
+
 async def _ready(pub, pair: BusPair) -> None:  # type: ignore[no-untyped-def]
     assert await pub.wait_for_subscribers(10.0), "subscriber never matched the publisher"
 
@@ -262,7 +268,8 @@ async def test_drop_oldest_keeps_the_latest_samples_and_counts_drops(bus_pair: B
     for i in range(100):
         await pub.publish(bytes([i]), stamp_ns=1_000 + i)
     await pub.flush()
-    await wait_until(lambda: sub.counters()["received"] == 100, 20, "100 samples received")
+    # a sample is counted as received just before it is buffered: wait for the last drop too
+    await wait_until(_settled(sub, 100, 96), 20, "100 samples received, 96 dropped")
     got = [sub.recv_nowait() for _ in range(4)]
     assert [s.seq for s in got if s] == [97, 98, 99, 100]
     assert sub.recv_nowait() is None
@@ -281,7 +288,7 @@ async def test_large_samples_kept_by_drop_oldest_arrive_intact_as_bytes(bus_pair
     for i, p in enumerate(payloads):
         await pub.publish(p, stamp_ns=1_000 + i)
     await pub.flush()
-    await wait_until(lambda: sub.counters()["received"] == 6, 20, "6 samples received")
+    await wait_until(_settled(sub, 6, 4), 20, "6 samples received, 4 dropped")
     got = [sub.recv_nowait() for _ in range(2)]
     assert [s.seq for s in got if s] == [5, 6]
     assert all(s is not None and type(s.payload) is bytes for s in got)
@@ -577,7 +584,7 @@ async def test_samples_of_a_pulsar_batch_dropped_by_drop_oldest_count_as_acknowl
     )
     sub = await bus_pair.subscriber_bus.subscribe("imu", options=opts)
     pub = await _batched_burst(bus_pair, n)
-    await wait_until(lambda: sub.counters()["received"] == n, 20, f"{n} samples received")
+    await wait_until(_settled(sub, n, n - 4), 20, f"{n} samples received, {n - 4} dropped")
     assert [(await sub.recv(timeout_s=5)).seq for _ in range(4)] == [n - 3, n - 2, n - 1, n]
     assert sub.counters()["dropped"] == n - 4
     await sub.close()
