@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import time
 import uuid
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -629,6 +630,66 @@ async def test_a_pulsar_state_log_skips_malformed_records_and_reads_on(rig: Rig)
         got = queue.state.get(a.id)
         assert got is not None and got.payload == a.payload
     assert queue.state.get("bad-kind") is None
+
+
+def _state_messages(rig: Rig) -> int:
+    """How many messages the state log holds (read by a reader of its own)."""
+    reader = rig.planner.bus.engine.client.create_reader(
+        rig.planner._pulsar.topics.state, pulsar.MessageId.earliest
+    )
+    try:
+        n = 0
+        while reader.has_message_available():
+            reader.read_next(5000)
+            n += 1
+        return n
+    finally:
+        reader.close()
+
+
+def _write_snapshots(rig: Rig, actions: list[Action], per_message: int) -> None:
+    """Snapshots as another process writes them (its own producer), ``per_message`` a message."""
+    producer = rig.planner.bus.engine.client.create_producer(rig.planner._pulsar.topics.state)
+    try:
+        for i in range(0, len(actions), per_message):
+            records = [
+                b'{"k":"%s","e":"snapshot","d":%s}' % (a.id.encode(), encode_action(a))
+                for a in actions[i : i + per_message]
+            ]
+            producer.send(b"[" + b",".join(records) + b"]", properties={"eb-event": "batch"})
+    finally:
+        producer.close()
+
+
+async def test_a_pulsar_state_view_catches_up_with_what_others_persisted_without_writing(rig: Rig) -> None:
+    """What an executor does before it starts a redelivered or old message: the broker is asked
+    where the log ends and the reader is waited for; no marker is written."""
+    if rig.engine != "pulsar":
+        pytest.skip("the state log belongs to the Pulsar backend")
+    queue = rig.planner._pulsar
+    await queue.start()
+    actions = [Action("pick", i) for i in range(4000)]
+    await asyncio.to_thread(_write_snapshots, rig, actions, 200)  # 20 messages to read
+    before = await asyncio.to_thread(_state_messages, rig)
+    await queue.state.caught_up(time.monotonic())
+    assert all(queue.state.get(a.id) is not None for a in actions)
+    assert await asyncio.to_thread(_state_messages, rig) == before  # nothing written
+
+
+async def test_a_pulsar_state_view_that_cannot_ask_where_the_log_ends_catches_up_with_a_marker(
+    rig: Rig,
+) -> None:
+    if rig.engine != "pulsar":
+        pytest.skip("the state log belongs to the Pulsar backend")
+    queue = rig.planner._pulsar
+    await queue.start()
+    await asyncio.to_thread(queue.state._tail.close)  # the broker cannot be asked through it
+    actions = [Action("pick", i) for i in range(1000)]
+    await asyncio.to_thread(_write_snapshots, rig, actions, 200)
+    before = await asyncio.to_thread(_state_messages, rig)
+    await queue.state.caught_up(time.monotonic())
+    assert all(queue.state.get(a.id) is not None for a in actions)
+    assert await asyncio.to_thread(_state_messages, rig) == before + 1  # the marker
 
 
 async def test_pulsar_executors_of_one_bus_share_one_state_view_until_the_last_one_closes(rig: Rig) -> None:

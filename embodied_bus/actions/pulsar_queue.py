@@ -26,6 +26,10 @@ Semantics, and why they are not Pulsar's own:
   does not count consumer crashes and resets on a broker restart: an executor that receives a
   message whose state shows an attempt still open (its executor died, the broker redelivered
   the message on disconnect) closes that attempt as ``lost`` before it starts the next.
+* **Catching up.** Before an executor starts a message that was delivered before or is older
+  than :data:`SYNC_AFTER_S`, its view reads the log up to the message's receipt: the broker is
+  asked where the log ends (a zero-queue consumer's ``get_last_message_id``) and the reader is
+  waited for, with no write (a crashed executor persisted its start before it ran the action).
 * **Retries** are republished with ``deliver_after`` = the policy's backoff (Pulsar's retry-letter
   pattern) and the original is acknowledged; an executor that already failed an action gives it
   back with a negative ack while another live executor with that capability exists, so the retry
@@ -131,6 +135,9 @@ STATE_MESSAGES_IN_FLIGHT = 1
 REARM_AFTER_S = 0.2
 #: A state-log reader that has not answered for this long is replaced, seconds.
 REOPEN_AFTER_S = 3.0
+#: :meth:`StateLog.caught_up` falls back to a marker round (:meth:`StateLog.sync`, which also
+#: replaces a stuck reader) when the reader has not reached the log's end within this, seconds.
+CAUGHT_UP_WAIT_S = 1.0
 #: Ended actions a state-log view keeps in memory (a planner asks about older ones in vain).
 VIEW_ENDED_LIMIT = 100_000
 #: Producers to planners' reply topics an executor keeps open.
@@ -226,6 +233,15 @@ class StateLog:
         self._pending_futs: list[asyncio.Future[None] | None] = []
         # sync markers published and not yet read back: token -> (loop, future)
         self._markers: dict[str, tuple[asyncio.AbstractEventLoop, asyncio.Future[None]]] = {}
+        # a consumer that receives nothing (zero queue, on the keeper subscription): it asks the
+        # broker for the log's last persisted position (caught_up)
+        self._tail: Any = None
+        self._tail_round: tuple[float, asyncio.Future[tuple[int, int]]] | None = None
+        self._caught_at = float("-inf")  # time.monotonic() when the latest round reached began
+        # the reader's position (ledger, entry) and those waiting for it to reach one
+        self._position: tuple[int, int] = (-1, -1)
+        self._reach_lock = threading.Lock()
+        self._reach: list[tuple[tuple[int, int], asyncio.AbstractEventLoop, asyncio.Future[None]]] = []
 
     async def open(self) -> None:
         """Open the producer and the reader (once for all users) and read the log up to now."""
@@ -245,6 +261,13 @@ class StateLog:
                 block_if_queue_full=True,
             )
             self._reader = await self._create_reader(pulsar.MessageId.earliest)
+            self._tail = await asyncio.to_thread(
+                client.subscribe,
+                self._topics.state,
+                STATE_KEEPER,
+                consumer_type=pulsar.ConsumerType.Shared,
+                receiver_queue_size=0,  # never dispatched anything: it only asks for the end
+            )
         except pulsar.PulsarException as err:
             raise _to_thread_error("opening the state log", err) from err
         await self.sync()
@@ -260,7 +283,8 @@ class StateLog:
                 self._apply(msg)
             except Exception as err:  # a bad record never stops the view
                 _log.warning("state record not applied: %s", err)
-            self._last_id = msg.message_id()
+            mid = self._last_id = msg.message_id()
+            self._reached((mid.ledger_id(), mid.entry_id()))
 
         return await asyncio.to_thread(
             self._engine.client.create_reader,
@@ -414,6 +438,93 @@ class StateLog:
             finally:
                 self._markers.pop(token, None)
 
+    def _reached(self, position: tuple[int, int]) -> None:
+        """The reader applied the message at ``position`` (reader thread): wake who waits for it."""
+        with self._reach_lock:
+            self._position = max(self._position, position)
+            if not self._reach:
+                return
+            due = [w for w in self._reach if w[0] <= position]
+            self._reach = [w for w in self._reach if w[0] > position]
+        for _, loop, fut in due:
+            with contextlib.suppress(RuntimeError):  # a closed loop: nobody waits any more
+                loop.call_soon_threadsafe(resolve_none, fut)
+
+    async def caught_up(self, since_mono: float) -> None:
+        """Wait until every state record persisted before ``since_mono`` (a
+        ``time.monotonic()`` value) is applied, without writing to the log: the broker is asked
+        for the log's last persisted position and the reader is waited for until it gets there
+        (a broker round trip and the reader's lag, where :meth:`sync`'s marker waits for a
+        state-log message to be persisted and read back). Records this process has sent and
+        Pulsar has not yet persisted are not waited for (:meth:`sync` waits for those). Falls
+        back to :meth:`sync` when the broker does not answer or the reader does not get there
+        within :data:`CAUGHT_UP_WAIT_S`.
+
+        Raises:
+            BusConnectionError: The state log did not catch up (see :meth:`sync`).
+        """
+        if self._synced_at >= since_mono or self._caught_at >= since_mono:
+            return
+        started = time.monotonic()
+        try:
+            target = await self._last_position(since_mono)
+            if target[1] >= 0:  # (ledger, -1): nothing persisted yet
+                await asyncio.wait_for(self._reaching(target), CAUGHT_UP_WAIT_S)
+        except (BusConnectionError, TimeoutError) as err:
+            _log.debug("state log: asking for its end failed (%s); publishing a marker", err)
+            await self.sync(since_mono=since_mono)
+            return
+        self._caught_at = max(self._caught_at, started)
+
+    def _reaching(self, target: tuple[int, int]) -> asyncio.Future[None]:
+        """A future completed once the reader has applied the message at ``target``."""
+        fut: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        with self._reach_lock:
+            if self._position >= target:
+                fut.set_result(None)
+            else:
+                self._reach.append((target, asyncio.get_running_loop(), fut))
+        return fut
+
+    async def _last_position(self, need_mono: float) -> tuple[int, int]:
+        """The log's last persisted position, asked of the broker at or after ``need_mono``;
+        callers share rounds (at most one in flight: who needs a later one waits for it to end).
+
+        Raises:
+            BusConnectionError: The broker did not answer.
+        """
+        while True:
+            current = self._tail_round
+            if current is not None and current[0] >= need_mono:
+                return await asyncio.shield(current[1])
+            if current is None or current[1].done():
+                self._tail_round = (time.monotonic(), self._ask_last_position())
+                continue
+            await asyncio.wait([current[1]])  # began too early: the next one is due after it
+
+    def _ask_last_position(self) -> asyncio.Future[tuple[int, int]]:
+        loop = asyncio.get_running_loop()
+        fut: asyncio.Future[tuple[int, int]] = loop.create_future()
+        fut.add_done_callback(lambda f: f.cancelled() or f.exception())  # retrieved or not
+        inbox = _LoopInbox.of(loop)
+
+        def settle(result: Any, mid: Any) -> None:  # loop thread
+            if fut.done():
+                return
+            if result != pulsar.Result.Ok:
+                fut.set_exception(BusConnectionError(f"the state log's end: {result}"))
+            else:
+                fut.set_result((mid.ledger_id(), mid.entry_id()))
+
+        def answered(result: Any, mid: Any) -> None:  # client thread
+            inbox.post(settle, result, mid)
+
+        try:
+            self._tail._consumer.get_last_message_id_async(answered)
+        except (AttributeError, pulsar.PulsarException) as err:
+            fut.set_exception(BusConnectionError(f"the state log's end: {err}"))
+        return fut
+
     def get(self, action_id: str) -> Action | None:
         with self._lock:
             a = self.actions.get(action_id)
@@ -496,7 +607,7 @@ class StateLog:
         self._flush()
 
     async def close(self) -> None:
-        for h in (self._reader, self._producer):
+        for h in (self._reader, self._producer, self._tail):
             if h is not None:
                 await close_handle(h)
 
@@ -1372,8 +1483,9 @@ class PulsarActionQueue:
         if msg.redelivery_count() > 0 or age_s > SYNC_AFTER_S:
             # An earlier delivery may have started it (Pulsar does not count a crashed
             # consumer's deliveries): read the state log up to its receipt before deciding
-            # (one marker round serves every message received before it began).
-            await self.state.sync(since_mono=received_mono)
+            # (its start was persisted before that executor ran it, so before this receipt; one
+            # round serves every message received before it began).
+            await self.state.caught_up(received_mono)
         now = time.time_ns()
         with self.state.peek(env.id) as view:  # not copied unless it is what runs
             if view is not None and view.status.terminal and view.budget_from >= env.budget_from:
