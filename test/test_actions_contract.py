@@ -24,6 +24,7 @@ from embodied_bus.actions import (
     RetryPolicy,
 )
 from embodied_bus.actions.model import encode_action
+from embodied_bus.actions.pulsar_queue import _record
 from embodied_bus.actions.service import EXECUTOR_GROUP
 
 from conftest import wait_until, zenoh_urls
@@ -652,10 +653,7 @@ def _write_snapshots(rig: Rig, actions: list[Action], per_message: int) -> None:
     producer = rig.planner.bus.engine.client.create_producer(rig.planner._pulsar.topics.state)
     try:
         for i in range(0, len(actions), per_message):
-            records = [
-                b'{"k":"%s","e":"snapshot","d":%s}' % (a.id.encode(), encode_action(a))
-                for a in actions[i : i + per_message]
-            ]
+            records = [_record(a.id, "snapshot", encode_action(a)) for a in actions[i : i + per_message]]
             producer.send(b"[" + b",".join(records) + b"]", properties={"eb-event": "batch"})
     finally:
         producer.close()

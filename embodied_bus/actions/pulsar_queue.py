@@ -478,12 +478,13 @@ class StateLog:
 
     def _reaching(self, target: tuple[int, int]) -> asyncio.Future[None]:
         """A future completed once the reader has applied the message at ``target``."""
-        fut: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        loop = asyncio.get_running_loop()
+        fut: asyncio.Future[None] = loop.create_future()
         with self._reach_lock:
             if self._position >= target:
                 fut.set_result(None)
             else:
-                self._reach.append((target, asyncio.get_running_loop(), fut))
+                self._reach.append((target, loop, fut))
         return fut
 
     async def _last_position(self, need_mono: float) -> tuple[int, int]:
