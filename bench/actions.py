@@ -10,8 +10,12 @@ message) in the same run, with the ratio. Prints one JSON document.
 With ``--executor-processes`` the four no-op executors run as separate ``embodied-bus executor``
 processes (the deployed layout), and submit→start is taken from the start time they return.
 
+Pulsar latency depends on two broker settings that are not Pulsar's defaults (see
+``LOW_LATENCY_CONF`` in ``embodied_bus/testing/pulsar.py``): run against a broker that has them,
+e.g. ``python -m embodied_bus.testing.pulsar run``, or the figures show a default broker.
+
 Usage: python bench/actions.py [--quick] [--one-process] [--executor-processes]
-       [--pulsar pulsar://127.0.0.1:6650]
+       [--pulsar pulsar://127.0.0.1:6650 [--pulsar-only] [--broker-pid PID]]
 """
 
 from __future__ import annotations
@@ -66,6 +70,7 @@ async def actions_bench(
     *,
     service_process: bool = True,
     executor_processes: bool = False,
+    broker_pid: int | None = None,
 ) -> dict[str, Any]:
     """One backend: Zenoh (a queue service in its own process, or in this one) or, with
     ``pulsar_url``, Pulsar (no service)."""
@@ -155,6 +160,7 @@ async def actions_bench(
         # end-to-end throughput: batches submitted, all results awaited
         others = [p.pid for p in ex_procs] + ([service_proc.pid] if service_proc else [])
         c0, c0_others = cpu_s(), [proc_cpu_s(pid) for pid in others]
+        b0 = proc_cpu_s(broker_pid) if broker_pid else None
         t0 = time.perf_counter()
         handles = []
         for i in range(0, n_actions, 100):
@@ -162,7 +168,10 @@ async def actions_bench(
         await asyncio.gather(*(h.result(timeout_s=120) for h in handles))
         rate = n_actions / (time.perf_counter() - t0)
         c1, c1_others = cpu_s(), [proc_cpu_s(pid) for pid in others]
+        b1 = proc_cpu_s(broker_pid) if broker_pid else None
         cpu = {"bench_process": round((c1 - c0) / n_actions * 1e3, 4)}
+        if b0 is not None and b1 is not None:
+            cpu["broker"] = round((b1 - b0) / n_actions * 1e3, 4)
         before = [c for c in c0_others if c is not None]
         after = [c for c in c1_others if c is not None]
         if others and len(before) == len(after) == len(others):
@@ -238,8 +247,9 @@ async def actions_bench(
             else "queue service, planner and executors in one process"
         ),
         "actions_per_s": round(rate, 1),
-        # CPU per action while the throughput ran, ms (Pulsar: the broker's own is not counted;
-        # with --executor-processes, theirs is under queue_service_and_executor_processes)
+        # CPU per action while the throughput ran, ms (Pulsar: the broker's own only with
+        # --broker-pid; with --executor-processes, theirs is under
+        # queue_service_and_executor_processes)
         "cpu_ms_per_action": cpu,
         "submit_to_start_ms": {"p50": pct(latencies, 50), "p99": pct(latencies, 99)},
         "redelivery_after_nack_ms": {"p50": pct(nack_delays, 50), "p99": pct(nack_delays, 99)},
@@ -324,6 +334,12 @@ def main() -> None:
     )
     p.add_argument("--pulsar", default=None, help="broker URL for the raw Shared-subscription baseline")
     p.add_argument("--pulsar-only", action="store_true", help="skip the Zenoh backend (needs --pulsar)")
+    p.add_argument(
+        "--broker-pid",
+        type=int,
+        default=None,
+        help="process id of the Pulsar broker (on this host): its CPU per action is reported too",
+    )
     args = p.parse_args()
     if args.pulsar_only and not args.pulsar:
         p.error("--pulsar-only needs --pulsar URL")
@@ -340,7 +356,11 @@ def main() -> None:
         }
         out["zenoh"] = zenoh
     if args.pulsar:
-        ours = asyncio.run(actions_bench(n, args.pulsar, executor_processes=args.executor_processes))
+        ours = asyncio.run(
+            actions_bench(
+                n, args.pulsar, executor_processes=args.executor_processes, broker_pid=args.broker_pid
+            )
+        )
         # raw runs about as long as ours (a 5,000-message burst takes ~0.5 s and read 10-60 %
         # higher than the same client sustained over seconds, 2026-12-03)
         raw = raw_pulsar_shared(args.pulsar, RAW_MESSAGES_PER_ACTION * n)

@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import subprocess
 import sys
 import threading
 import time
+import urllib.request
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -127,3 +129,17 @@ def test_a_broker_refuses_to_start_on_a_nearly_full_disk_and_says_why(
     with pytest.raises(RuntimeError, match=message):
         broker.start(timeout_s=1)
     assert broker.proc is None  # nothing was launched
+
+
+def test_the_test_broker_runs_with_the_low_latency_settings(pulsar_broker: PulsarStandalone | None) -> None:
+    """The session's broker took :data:`LOW_LATENCY_CONF`: the broker's own key as its runtime
+    configuration reports it, the bookie's in the configuration it was started with."""
+    if pulsar_broker is None:
+        pytest.skip("EMBODIED_BUS_PULSAR_URL points at a broker this session did not start")
+    url = f"{pulsar_broker.web_url}/admin/v2/brokers/configuration/runtime"
+    with urllib.request.urlopen(url, timeout=10) as r:
+        runtime = json.load(r)
+    assert runtime["managedLedgerNewEntriesCheckDelayInMillis"] == "0"
+    conf = (pulsar_broker.data_dir / "standalone.conf").read_text().splitlines()
+    assert "journalFlushWhenQueueEmpty=true" in conf
+    assert "journalFlushWhenQueueEmpty=false" not in conf
