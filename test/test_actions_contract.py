@@ -674,6 +674,22 @@ async def test_a_pulsar_state_view_catches_up_with_what_others_persisted_without
     assert await asyncio.to_thread(_state_messages, rig) == before  # nothing written
 
 
+async def test_a_pulsar_state_view_forgets_a_wait_for_a_position_its_caller_gave_up_on(rig: Rig) -> None:
+    """A caller of ``caught_up`` that times out leaves no waiter behind (each would be kept
+    until the reader passes its position, which may never come)."""
+    if rig.engine != "pulsar":
+        pytest.skip("the state log belongs to the Pulsar backend")
+    queue = rig.planner._pulsar
+    await queue.start()
+    state = queue.state
+    beyond = (state._position[0] + 1_000_000, 0)  # a position the log will not reach
+    with pytest.raises(TimeoutError):
+        await asyncio.wait_for(state._reaching(beyond), 0.05)
+    assert state._reach == []
+    reached = state._reaching(state._position)  # one it has reached answers at once
+    assert reached.done()
+
+
 async def test_a_pulsar_state_view_that_cannot_ask_where_the_log_ends_catches_up_with_a_marker(
     rig: Rig,
 ) -> None:

@@ -477,14 +477,23 @@ class StateLog:
         self._caught_at = max(self._caught_at, started)
 
     def _reaching(self, target: tuple[int, int]) -> asyncio.Future[None]:
-        """A future completed once the reader has applied the message at ``target``."""
+        """A future completed once the reader has applied the message at ``target``; cancelling
+        it (a caller that gave up waiting) removes it from the waiters."""
         loop = asyncio.get_running_loop()
         fut: asyncio.Future[None] = loop.create_future()
         with self._reach_lock:
             if self._position >= target:
                 fut.set_result(None)
-            else:
-                self._reach.append((target, loop, fut))
+                return fut
+            waiter = (target, loop, fut)
+            self._reach.append(waiter)
+
+        def gave_up(f: asyncio.Future[None], waiter: Any = waiter) -> None:
+            if f.cancelled():
+                with self._reach_lock, contextlib.suppress(ValueError):  # already woken
+                    self._reach.remove(waiter)
+
+        fut.add_done_callback(gave_up)
         return fut
 
     async def _last_position(self, need_mono: float) -> tuple[int, int]:
