@@ -11,11 +11,12 @@ With ``--executor-processes`` the four no-op executors run as separate ``embodie
 processes (the deployed layout), and submit→start is taken from the start time they return.
 
 Pulsar latency depends on two broker settings that are not Pulsar's defaults (see
-``LOW_LATENCY_CONF`` in ``embodied_bus/testing/pulsar.py``): run against a broker that has them,
-e.g. ``python -m embodied_bus.testing.pulsar run``, or the figures show a default broker.
+``LOW_LATENCY_CONF`` in ``embodied_bus/testing/pulsar.py``): ``--pulsar auto`` starts a broker
+that has them (and stops it after); against a broker of your own, the figures are that
+broker's.
 
 Usage: python bench/actions.py [--quick] [--one-process] [--executor-processes]
-       [--pulsar pulsar://127.0.0.1:6650 [--pulsar-only] [--broker-pid PID]]
+       [--pulsar auto|pulsar://127.0.0.1:6650 [--pulsar-only] [--broker-pid PID]]
 """
 
 from __future__ import annotations
@@ -267,8 +268,12 @@ def raw_pulsar_shared(url: str, n: int) -> dict[str, Any]:
     import pulsar
 
     from embodied_bus.actions.pulsar_queue import RECEIVER_QUEUE_SIZE
+    from embodied_bus.engines.pulsar_engine import _native_logger
 
-    client = pulsar.Client(url, logger=pulsar.ConsoleLogger(pulsar.LoggerLevel.Error))
+    # the logger embodied_bus's clients use (native, on stderr): the C++ client keeps the first
+    # client's logger for every later client of the process, and pulsar.ConsoleLogger writes
+    # to stdout, where this script's JSON goes
+    client = pulsar.Client(url, logger=_native_logger())
     topic = f"persistent://public/default/eb-bench-actions-{uuid.uuid4().hex[:8]}"
     # the executors' receiver queue (raw measured the same with 1 and 2, 2026-12-03)
     consumers = [
@@ -332,7 +337,13 @@ def main() -> None:
         action="store_true",
         help="run the 4 no-op executors as separate `embodied-bus executor` processes",
     )
-    p.add_argument("--pulsar", default=None, help="broker URL for the raw Shared-subscription baseline")
+    p.add_argument(
+        "--pulsar",
+        default=None,
+        help="Pulsar broker URL for the Pulsar backend and the raw Shared-subscription baseline, or "
+        "'auto': start an Apache Pulsar standalone with the project's broker settings "
+        "(embodied_bus.testing.pulsar), warm it up, and stop it after",
+    )
     p.add_argument("--pulsar-only", action="store_true", help="skip the Zenoh backend (needs --pulsar)")
     p.add_argument(
         "--broker-pid",
@@ -356,14 +367,31 @@ def main() -> None:
         }
         out["zenoh"] = zenoh
     if args.pulsar:
-        ours = asyncio.run(
-            actions_bench(
-                n, args.pulsar, executor_processes=args.executor_processes, broker_pid=args.broker_pid
+        broker = None
+        url, broker_pid = args.pulsar, args.broker_pid
+        try:
+            if url == "auto":
+                from embodied_bus.testing.pulsar import PulsarStandalone
+
+                broker = PulsarStandalone()
+                broker.start()
+                url = broker.url
+                if broker_pid is None and broker.proc is not None:
+                    broker_pid = broker.proc.pid  # the JVM (bin/pulsar execs it)
+                # a fresh broker's JVM is cold: the first seconds of work run slower (an
+                # actions run first on a fresh broker read 1,384 against 2,200-2,400 after it,
+                # 2026-12-03); warmed with the raw baseline's traffic, which is not reported
+                raw_pulsar_shared(url, RAW_MESSAGES_PER_ACTION * n)
+                out["pulsar_broker"] = "started by the bench (embodied_bus.testing.pulsar), warmed up"
+            ours = asyncio.run(
+                actions_bench(n, url, executor_processes=args.executor_processes, broker_pid=broker_pid)
             )
-        )
-        # raw runs about as long as ours (a 5,000-message burst takes ~0.5 s and read 10-60 %
-        # higher than the same client sustained over seconds, 2026-12-03)
-        raw = raw_pulsar_shared(args.pulsar, RAW_MESSAGES_PER_ACTION * n)
+            # raw runs about as long as ours (a 5,000-message burst takes ~0.5 s and read 10-60 %
+            # higher than the same client sustained over seconds, 2026-12-03)
+            raw = raw_pulsar_shared(url, RAW_MESSAGES_PER_ACTION * n)
+        finally:
+            if broker is not None:
+                broker.cleanup()
         out["pulsar"] = ours
         out["raw_pulsar_shared"] = raw
         out["pulsar_ratio"] = {
