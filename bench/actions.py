@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import json
 import os
 import resource
@@ -367,14 +368,12 @@ def main() -> None:
         }
         out["zenoh"] = zenoh
     if args.pulsar:
-        broker = None
         url, broker_pid = args.pulsar, args.broker_pid
-        try:
+        with contextlib.ExitStack() as stack:
             if url == "auto":
                 from embodied_bus.testing.pulsar import PulsarStandalone
 
-                broker = PulsarStandalone()
-                broker.start()
+                broker = stack.enter_context(PulsarStandalone())  # started; cleaned up on exit
                 url = broker.url
                 if broker_pid is None and broker.proc is not None:
                     broker_pid = broker.proc.pid  # the JVM (bin/pulsar execs it)
@@ -389,9 +388,6 @@ def main() -> None:
             # raw runs about as long as ours (a 5,000-message burst takes ~0.5 s and read 10-60 %
             # higher than the same client sustained over seconds, 2026-12-03)
             raw = raw_pulsar_shared(url, RAW_MESSAGES_PER_ACTION * n)
-        finally:
-            if broker is not None:
-                broker.cleanup()
         out["pulsar"] = ours
         out["raw_pulsar_shared"] = raw
         out["pulsar_ratio"] = {

@@ -488,7 +488,7 @@ class StateLog:
             waiter = (target, loop, fut)
             self._reach.append(waiter)
 
-        def gave_up(f: asyncio.Future[None], waiter: Any = waiter) -> None:
+        def gave_up(f: asyncio.Future[None]) -> None:
             if f.cancelled():
                 with self._reach_lock, contextlib.suppress(ValueError):  # already woken
                     self._reach.remove(waiter)
