@@ -15,8 +15,11 @@ Pulsar latency depends on two broker settings that are not Pulsar's defaults (se
 that has them (and stops it after); against a broker of your own, the figures are that
 broker's.
 
+``--prefetch N`` gives the Pulsar executors ``Executor(prefetch=N)`` (default 2) and the raw
+baseline's consumers the same receiver queue size.
+
 Usage: python bench/actions.py [--quick] [--one-process] [--executor-processes]
-       [--pulsar auto|pulsar://127.0.0.1:6650 [--pulsar-only] [--broker-pid PID]]
+       [--pulsar auto|pulsar://127.0.0.1:6650 [--pulsar-only] [--broker-pid PID] [--prefetch N]]
 """
 
 from __future__ import annotations
@@ -43,6 +46,7 @@ sys.path.insert(0, str(ROOT))
 
 from embodied_bus import open_bus  # noqa: E402
 from embodied_bus.actions import Action, Executor, Planner, QueueService, RetryPolicy  # noqa: E402
+from embodied_bus.actions.pulsar_queue import RECEIVER_QUEUE_SIZE  # noqa: E402
 from embodied_bus.actions.service import EXECUTOR_GROUP  # noqa: E402
 from embodied_bus.testing.ports import free_port  # noqa: E402
 
@@ -73,6 +77,7 @@ async def actions_bench(
     service_process: bool = True,
     executor_processes: bool = False,
     broker_pid: int | None = None,
+    prefetch: int | None = None,
 ) -> dict[str, Any]:
     """One backend: Zenoh (a queue service in its own process, or in this one) or, with
     ``pulsar_url``, Pulsar (no service)."""
@@ -136,12 +141,12 @@ async def actions_bench(
             if executor_processes:  # the noop executors as separate processes
                 cmd = [sys.executable, "-m", "embodied_bus.cli.main", "executor", "--bus", url_b]
                 cmd += ["--ns", ns, "--handlers", "noop_handlers:HANDLERS", "--name", f"bench-{i}"]
-                cmd += ["--concurrency", "8"]
+                cmd += ["--concurrency", "8"] + (["--prefetch", str(prefetch)] if prefetch else [])
                 env = {**os.environ, "PYTHONPATH": str(ROOT / "bench")}
                 ex_procs.append(subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL))
-                ex = Executor(bus, f"bench-flaky-{i}", concurrency=8, policy=policy)
+                ex = Executor(bus, f"bench-flaky-{i}", concurrency=8, prefetch=prefetch, policy=policy)
             else:
-                ex = Executor(bus, f"bench-{i}", concurrency=8, policy=policy)
+                ex = Executor(bus, f"bench-{i}", concurrency=8, prefetch=prefetch, policy=policy)
                 ex.handler("noop")(noop)
             ex.handler("flaky")(flaky)
             executors.append(ex)
@@ -237,6 +242,7 @@ async def actions_bench(
     return {
         "actions": n_actions,
         "executors": 4,
+        **({"prefetch": prefetch or RECEIVER_QUEUE_SIZE} if pulsar_url else {}),
         "layout": (
             "no queue service (Pulsar); 4 noop executors each in its own process, planner in this one"
             if pulsar_url and executor_processes
@@ -263,12 +269,12 @@ async def actions_bench(
 RAW_MESSAGES_PER_ACTION = 6
 
 
-def raw_pulsar_shared(url: str, n: int) -> dict[str, Any]:
+def raw_pulsar_shared(url: str, n: int, receiver_queue_size: int | None = None) -> dict[str, Any]:
     import threading
 
     import pulsar
 
-    from embodied_bus.actions.pulsar_queue import RECEIVER_QUEUE_SIZE
+    queue_size = receiver_queue_size or RECEIVER_QUEUE_SIZE
     from embodied_bus.engines.pulsar_engine import _native_logger
 
     # the logger embodied_bus's clients use (native, on stderr): the C++ client keeps the first
@@ -282,7 +288,7 @@ def raw_pulsar_shared(url: str, n: int) -> dict[str, Any]:
             topic,
             "workers",
             consumer_type=pulsar.ConsumerType.Shared,
-            receiver_queue_size=RECEIVER_QUEUE_SIZE,
+            receiver_queue_size=queue_size,
         )
         for _ in range(4)
     ]
@@ -323,7 +329,7 @@ def raw_pulsar_shared(url: str, n: int) -> dict[str, Any]:
     return {
         "messages": n,
         "consumers": 4,
-        "receiver_queue_size": RECEIVER_QUEUE_SIZE,
+        "receiver_queue_size": queue_size,
         "msgs_per_s": round(rate, 1),
         "cpu_ms_per_msg": round(cpu_ms, 4),  # this process (the broker's own not counted)
     }
@@ -352,7 +358,17 @@ def main() -> None:
         default=None,
         help="process id of the Pulsar broker (on this host): its CPU per action is reported too",
     )
+    p.add_argument(
+        "--prefetch",
+        type=int,
+        default=None,
+        metavar="N",
+        help="Pulsar: the executors' prefetch per priority level (Executor(prefetch=N); default 2); "
+        "the raw baseline's consumers then use the same receiver queue size",
+    )
     args = p.parse_args()
+    if args.prefetch is not None and args.prefetch < 1:
+        p.error(f"--prefetch must be at least 1, got {args.prefetch}")
     if args.pulsar_only and not args.pulsar:
         p.error("--pulsar-only needs --pulsar URL")
     n = 1000 if args.quick else 5000
@@ -380,14 +396,20 @@ def main() -> None:
                 # a fresh broker's JVM is cold: the first seconds of work run slower (an
                 # actions run first on a fresh broker read 1,384 against 2,200-2,400 after it,
                 # 2026-12-03); warmed with the raw baseline's traffic, which is not reported
-                raw_pulsar_shared(url, RAW_MESSAGES_PER_ACTION * n)
+                raw_pulsar_shared(url, RAW_MESSAGES_PER_ACTION * n, args.prefetch)
                 out["pulsar_broker"] = "started by the bench (embodied_bus.testing.pulsar), warmed up"
             ours = asyncio.run(
-                actions_bench(n, url, executor_processes=args.executor_processes, broker_pid=broker_pid)
+                actions_bench(
+                    n,
+                    url,
+                    executor_processes=args.executor_processes,
+                    broker_pid=broker_pid,
+                    prefetch=args.prefetch,
+                )
             )
             # raw runs about as long as ours (a 5,000-message burst takes ~0.5 s and read 10-60 %
             # higher than the same client sustained over seconds, 2026-12-03)
-            raw = raw_pulsar_shared(url, RAW_MESSAGES_PER_ACTION * n)
+            raw = raw_pulsar_shared(url, RAW_MESSAGES_PER_ACTION * n, args.prefetch)
         out["pulsar"] = ours
         out["raw_pulsar_shared"] = raw
         out["pulsar_ratio"] = {

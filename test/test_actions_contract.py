@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import json
 import time
+import urllib.request
 import uuid
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -24,7 +25,7 @@ from embodied_bus.actions import (
     RetryPolicy,
 )
 from embodied_bus.actions.model import encode_action
-from embodied_bus.actions.pulsar_queue import _record
+from embodied_bus.actions.pulsar_queue import RECEIVER_QUEUE_SIZE, _record
 from embodied_bus.actions.service import EXECUTOR_GROUP
 
 from conftest import wait_until, zenoh_urls
@@ -469,6 +470,78 @@ async def test_an_executor_never_runs_more_actions_at_once_than_its_concurrency(
     release.set()
     done = await asyncio.gather(*(h.result(timeout_s=20) for h in handles))
     assert all(d.status is ActionStatus.SUCCEEDED for d in done) and peak == 3
+
+
+def _pulsar_unacked(web_url: str, topic: str, consumer_name: str) -> int:
+    """Messages the broker has dispatched to one consumer of ``topic`` and not had acknowledged
+    (its topic stats, admin API)."""
+    path = topic.replace("://", "/")
+    with urllib.request.urlopen(f"{web_url}/admin/v2/{path}/stats", timeout=10) as r:
+        stats = json.load(r)
+    for sub in stats.get("subscriptions", {}).values():
+        for consumer in sub.get("consumers", []):
+            if consumer.get("consumerName") == consumer_name:
+                return int(consumer.get("unackedMessages", 0))
+    return 0
+
+
+@pytest.mark.parametrize("prefetch", [None, 4])
+async def test_an_idle_executor_takes_the_backlog_a_busy_one_cannot_start(
+    rig: Rig, prefetch: int | None, request: pytest.FixtureRequest
+) -> None:
+    """A busy executor holds at most ``prefetch`` + 1 unstarted actions per level on Pulsar (the
+    client's receiver queue and the message it took), none on Zenoh (the queue service leases
+    only free slots): an executor that comes up idle takes all the rest at once."""
+    if rig.engine == "zenoh" and prefetch is not None:
+        pytest.skip("prefetch is a Pulsar setting (Zenoh's queue service leases free slots only)")
+    gate = asyncio.Event()
+    ran: dict[str, list[object]] = {"busy": [], "idle": []}
+
+    def worker(name: str):  # type: ignore[no-untyped-def]
+        async def work(action: Action, ctx):  # type: ignore[no-untyped-def]
+            if action.payload == "blocker":
+                await asyncio.wait_for(gate.wait(), 30)
+            ran[name].append(action.payload)
+
+        return work
+
+    busy = Executor(rig.ex_bus, "busy", concurrency=1, prefetch=prefetch, policy=FAST)
+    busy.handler("job")(worker("busy"))
+    rig.tasks.append(asyncio.create_task(busy.run(rig.stop)))
+    blocker = await rig.planner.submit("job", "blocker")
+    await wait_for_status(rig.planner, blocker.id, ActionStatus.RUNNING)
+    backlog = await rig.planner.submit_many([Action("job", i) for i in range(12)])
+    held = 0
+    if rig.engine == "pulsar":
+        held = (prefetch or RECEIVER_QUEUE_SIZE) + 1
+        broker = request.getfixturevalue("pulsar_broker")
+        if broker is not None:
+            # the broker's own count: the running blocker, the message taken, the prefetched ones
+            topic = busy._pulsar.topics.queue(0, "job")
+            await wait_until(
+                lambda: _pulsar_unacked(broker.web_url, topic, busy._pulsar.name) == held + 1,
+                20,
+                f"the busy executor holding {held} unstarted actions",
+            )
+        else:  # a broker of the developer's: no admin API at hand, the bound is checked one way
+            await wait_until(lambda: len(busy._pulsar._ready) >= 1, 10, "the busy executor holding one")
+    idle = Executor(rig.ex_bus, "idle", concurrency=16, prefetch=prefetch, policy=FAST)
+    idle.handler("job")(worker("idle"))
+    rig.tasks.append(asyncio.create_task(idle.run(rig.stop)))
+    await wait_until(lambda: len(ran["idle"]) >= 12 - held, 20, f"the idle executor running all but {held}")
+    assert ran["busy"] == []  # still on the blocker
+    gate.set()
+    done = await asyncio.gather(*(h.result(timeout_s=30) for h in [blocker, *backlog]))
+    assert all(d.status is ActionStatus.SUCCEEDED for d in done)
+    assert sorted(map(str, ran["busy"] + ran["idle"])) == sorted(["blocker", *map(str, range(12))])
+    assert len(ran["idle"]) >= 12 - held
+
+
+def test_an_executor_refuses_a_prefetch_or_concurrency_below_one() -> None:
+    with pytest.raises(ValueError, match="prefetch must be >= 1"):
+        Executor(None, prefetch=0)  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match="concurrency must be >= 1"):
+        Executor(None, concurrency=0)  # type: ignore[arg-type]
 
 
 async def test_an_idle_executor_gets_a_new_action_pushed_without_a_lease_round_trip(rig: Rig) -> None:

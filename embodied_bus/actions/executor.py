@@ -71,6 +71,13 @@ class Executor:
         bus: The bus with a queue service.
         name: Executor id (default random); other executors retry what this one failed.
         concurrency: Handlers running at once.
+        prefetch: Pulsar only: actions per priority level the client fetches ahead of a free
+            slot (its ``receiver_queue_size``; None: ``pulsar_queue.RECEIVER_QUEUE_SIZE``, 2).
+            A busy executor holds at most this many + 1 unstarted actions per level, which an
+            idle executor cannot take meanwhile; more prefetch moves short actions faster (8
+            instead of 2: about 1.9 times the actions/s with a no-op handler, see the README).
+            On Zenoh the queue service hands an executor only as many actions as it has free
+            slots, so there is nothing to prefetch and this is ignored.
         labels: Labels matched against action selectors.
         verifier: Accept only actions signed by a key the allow-list permits for their kind;
             anything else is dead-lettered with the reason before a handler sees it (None: run
@@ -85,10 +92,15 @@ class Executor:
         name: str | None = None,
         *,
         concurrency: int = 1,
+        prefetch: int | None = None,
         labels: dict[str, str] | None = None,
         verifier: Verifier | None = None,
         policy: RetryPolicy = DEFAULT_RETRY,
     ) -> None:
+        if concurrency < 1:
+            raise ValueError(f"executor concurrency must be >= 1, got {concurrency}")
+        if prefetch is not None and prefetch < 1:
+            raise ValueError(f"executor prefetch must be >= 1 (or None for the default), got {prefetch}")
         self.verifier = verifier
         self._pulsar: Any = None
         self._background: set[asyncio.Future[None]] = set()
@@ -96,7 +108,7 @@ class Executor:
         if bus.engine.name == "pulsar":
             from embodied_bus.actions.pulsar_queue import PulsarActionQueue
 
-            self._pulsar = PulsarActionQueue(bus.engine, policy)  # type: ignore[arg-type]
+            self._pulsar = PulsarActionQueue(bus.engine, policy, prefetch=prefetch)  # type: ignore[arg-type]
         #: Outcomes the queue did not accept (lease lost or service unreachable).
         self.unreported = 0
         self.bus = bus

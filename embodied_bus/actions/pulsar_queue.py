@@ -17,10 +17,11 @@ Semantics, and why they are not Pulsar's own:
 * **Priorities.** Pulsar has none, so each level is a topic (per kind: an executor subscribes,
   with one multi-topic consumer per level, to the kinds it runs only, so no action bounces
   between executors that cannot run it) and an executor with a free slot takes the highest
-  level it holds first (RocketMQ's priority queues). Consumers use
-  ``receiver_queue_size`` = :data:`RECEIVER_QUEUE_SIZE` (2) and take one message per level
-  until it is leased, so a backlog stays with the broker (which hands it to whichever executor
-  asks next) and a busy executor holds at most three unstarted actions per level.
+  level it holds first (RocketMQ's priority queues). Consumers use ``receiver_queue_size`` =
+  the executor's ``prefetch`` (:data:`RECEIVER_QUEUE_SIZE`, 2, by default) and take one message
+  per level until it is leased, so a backlog stays with the broker (which hands it to whichever
+  executor asks next) and a busy executor holds at most ``prefetch`` + 1 unstarted actions per
+  level.
 * **Attempts** are counted by embodied_bus in the action itself (``attempts`` in the envelope,
   ``eb-attempts`` in the message properties, and the state log). Pulsar's redelivery counter
   does not count consumer crashes and resets on a broker restart: an executor that receives a
@@ -109,7 +110,8 @@ EXECUTOR_SUBSCRIPTION = "eb-executors"
 #: work an idle one could run (it holds at most this + 1 unstarted actions per level). 2, not 1:
 #: the next message is then already on its way while the executor takes the last one (planner
 #: and 4 executors in one process, 12 alternating pairs: +11 to +65 % actions/s, 8-30 % less CPU
-#: per action; raw pulsar-client ran the same with 1 and 2).
+#: per action; raw pulsar-client ran the same with 1 and 2). An executor may choose more
+#: (``Executor(prefetch=...)``): short actions then move faster, at the cost of hoarding.
 RECEIVER_QUEUE_SIZE = 2
 #: Durable subscription that keeps the state log (never acknowledged).
 STATE_KEEPER = "eb-state-keeper"
@@ -983,10 +985,18 @@ class PulsarActionQueue:
     Args:
         engine: An open Pulsar engine.
         policy: Retry policy (backoff, attempt limit).
+        prefetch: Executor side: messages the client fetches ahead per priority level
+            (``receiver_queue_size``; None: :data:`RECEIVER_QUEUE_SIZE`).
     """
 
-    def __init__(self, engine: PulsarEngine, policy: RetryPolicy = DEFAULT_RETRY) -> None:
+    def __init__(
+        self, engine: PulsarEngine, policy: RetryPolicy = DEFAULT_RETRY, *, prefetch: int | None = None
+    ) -> None:
+        if prefetch is not None and prefetch < 1:
+            raise ValueError(f"prefetch must be >= 1 (or None for the default), got {prefetch}")
         self.engine = engine
+        #: Messages the client fetches ahead per priority level (the consumers' receiver queue).
+        self.prefetch = RECEIVER_QUEUE_SIZE if prefetch is None else prefetch
         self.policy = policy
         self.topics = ActionTopics.of(engine)
         self.state = StateLog.acquire(engine, self.topics)
@@ -1368,7 +1378,7 @@ class PulsarActionQueue:
                 [self.topics.queue(priority, k) for k in sorted(kinds)],
                 EXECUTOR_SUBSCRIPTION,
                 consumer_type=pulsar.ConsumerType.Shared,
-                receiver_queue_size=RECEIVER_QUEUE_SIZE,
+                receiver_queue_size=self.prefetch,
                 negative_ack_redelivery_delay_ms=NACK_REDELIVERY_MS,
                 initial_position=pulsar.InitialPosition.Earliest,
                 consumer_name=self.name,
@@ -1387,8 +1397,9 @@ class PulsarActionQueue:
         """Ask a level's consumer for one message (``receive_async``; no thread per level).
 
         A level has at most one message received and not yet leased, plus those the client
-        prefetched (:data:`RECEIVER_QUEUE_SIZE`): a backlog stays with the broker, which hands it to
-        whichever executor asks next; the executor leases the highest level it holds first.
+        prefetched (``prefetch``, :data:`RECEIVER_QUEUE_SIZE` by default): a backlog stays with
+        the broker, which hands it to whichever executor asks next; the executor leases the
+        highest level it holds first.
         The next message of a level is asked for when :meth:`take` takes this one.
         """
         if self._stop.is_set():

@@ -45,7 +45,15 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-a
         help="a dict of kind -> async handler(action, ctx), e.g. myrobot.actions:HANDLERS",
     )
     p.add_argument("--name", default=None)
-    p.add_argument("--concurrency", type=int, default=1)
+    p.add_argument("--concurrency", type=_at_least_one, default=1, help="handlers running at once")
+    p.add_argument(
+        "--prefetch",
+        type=_at_least_one,
+        default=None,
+        metavar="N",
+        help="Pulsar: actions per priority level fetched ahead of a free slot (default 2; more moves "
+        "short actions faster, but a busy executor then holds up to N + 1 that others could run)",
+    )
     p.add_argument("--label", action="append", default=[], metavar="KEY=VALUE")
     p.add_argument(
         "--allow",
@@ -123,6 +131,17 @@ async def run_queue(args: argparse.Namespace) -> int:
     return 0
 
 
+def _at_least_one(text: str) -> int:
+    """An argparse type: an integer >= 1."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a whole number: {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be at least 1, got {value}")
+    return value
+
+
 async def run_executor(args: argparse.Namespace) -> int:
     handlers = load_handlers(args.handlers)
     labels = dict(item.split("=", 1) for item in args.label if "=" in item)
@@ -134,7 +153,14 @@ async def run_executor(args: argparse.Namespace) -> int:
             if args.allow
             else None
         )
-        ex = Executor(bus, args.name, concurrency=args.concurrency, labels=labels, verifier=verifier)
+        ex = Executor(
+            bus,
+            args.name,
+            concurrency=args.concurrency,
+            prefetch=args.prefetch,
+            labels=labels,
+            verifier=verifier,
+        )
         for kind, fn in handlers.items():
             ex.handler(kind)(fn)
         print(f"executor {ex.name} running {', '.join(sorted(handlers))}", flush=True)
