@@ -367,6 +367,11 @@ def main() -> None:
         "the raw baseline's consumers then use the same receiver queue size",
     )
     args = p.parse_args()
+
+    def terminate(signum: int, frame: object) -> None:
+        raise SystemExit(128 + signum)  # so a broker started with --pulsar auto is stopped and deleted
+
+    signal.signal(signal.SIGTERM, terminate)
     if args.prefetch is not None and args.prefetch < 1:
         p.error(f"--prefetch must be at least 1, got {args.prefetch}")
     if args.pulsar_only and not args.pulsar:
