@@ -48,6 +48,7 @@ from embodied_bus import open_bus  # noqa: E402
 from embodied_bus.actions import Action, Executor, Planner, QueueService, RetryPolicy  # noqa: E402
 from embodied_bus.actions.pulsar_queue import RECEIVER_QUEUE_SIZE  # noqa: E402
 from embodied_bus.actions.service import EXECUTOR_GROUP  # noqa: E402
+from embodied_bus.cli.actions import _at_least_one  # noqa: E402  (the CLI's --prefetch check)
 from embodied_bus.testing.ports import free_port  # noqa: E402
 
 
@@ -274,8 +275,9 @@ def raw_pulsar_shared(url: str, n: int, receiver_queue_size: int | None = None) 
 
     import pulsar
 
-    queue_size = receiver_queue_size or RECEIVER_QUEUE_SIZE
     from embodied_bus.engines.pulsar_engine import _native_logger
+
+    queue_size = receiver_queue_size or RECEIVER_QUEUE_SIZE
 
     # the logger embodied_bus's clients use (native, on stderr): the C++ client keeps the first
     # client's logger for every later client of the process, and pulsar.ConsoleLogger writes
@@ -360,7 +362,7 @@ def main() -> None:
     )
     p.add_argument(
         "--prefetch",
-        type=int,
+        type=_at_least_one,
         default=None,
         metavar="N",
         help="Pulsar: the executors' prefetch per priority level (Executor(prefetch=N); default 2); "
@@ -372,8 +374,6 @@ def main() -> None:
         raise SystemExit(128 + signum)  # so a broker started with --pulsar auto is stopped and deleted
 
     signal.signal(signal.SIGTERM, terminate)
-    if args.prefetch is not None and args.prefetch < 1:
-        p.error(f"--prefetch must be at least 1, got {args.prefetch}")
     if args.pulsar_only and not args.pulsar:
         p.error("--pulsar-only needs --pulsar URL")
     n = 1000 if args.quick else 5000
