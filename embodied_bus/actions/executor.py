@@ -9,7 +9,7 @@ import logging
 import uuid
 from collections.abc import Awaitable, Callable
 from functools import partial
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from embodied_bus.actions.model import Action, ActionError, action_from_dict, executors_with
 from embodied_bus.actions.policy import DEFAULT_RETRY, PermanentFailure, RetryPolicy
@@ -18,6 +18,9 @@ from embodied_bus.bus import Bus
 from embodied_bus.engines._blocking import resolve_none
 from embodied_bus.errors import BusConnectionError
 from embodied_bus.security.signing import ActionRejected, Verifier
+
+if TYPE_CHECKING:  # pulsar-client is optional: imported when a Pulsar bus is used
+    from embodied_bus.actions.pulsar_queue import PulsarActionQueue
 
 __all__ = ["ActionContext", "Executor", "Handler"]
 
@@ -102,7 +105,7 @@ class Executor:
         if prefetch is not None and prefetch < 1:
             raise ValueError(f"executor prefetch must be >= 1 (or None for the default), got {prefetch}")
         self.verifier = verifier
-        self._pulsar: Any = None
+        self._pulsar: PulsarActionQueue | None = None
         self._background: set[asyncio.Future[None]] = set()
         self._acks: list[tuple[dict[str, Any], Callable[[str | None], None]]] = []
         if bus.engine.name == "pulsar":
@@ -320,10 +323,12 @@ class Executor:
     async def _watch_cancels(self) -> None:
         """Pulsar: signal the handlers whose actions were canceled (every third of
         :data:`LEASE_S`, as the lease extensions on Zenoh)."""
+        pulsar = self._pulsar
+        assert pulsar is not None
         while True:
             await asyncio.sleep(LEASE_S / 3)
             for action_id, ctx in list(self._contexts.items()):
-                if self._pulsar.state.cancel_requested(action_id):
+                if pulsar.state.cancel_requested(action_id):
                     ctx.cancelled.set()
 
     def _start(self, env: dict[str, Any]) -> None:
@@ -333,8 +338,9 @@ class Executor:
         self._running.add(task)
         task.add_done_callback(self._running.discard)
 
-    async def _begin_and_run(self, item: tuple[Any, Any], kinds: list[str]) -> None:
+    async def _begin_and_run(self, item: tuple[Any, Any, float], kinds: list[str]) -> None:
         """Pulsar: record the attempt of a taken message, then run it."""
+        assert self._pulsar is not None
         try:
             action = await self._pulsar.begin(item, self.name, set(kinds), self.labels)
         except BusConnectionError as err:
