@@ -26,7 +26,15 @@ if [[ ! -x .venv/bin/python ]]; then
 fi
 stamp=".venv/.eb-installed-$extras-$(cat setup.py | sha1sum | cut -c1-12)"
 if [[ ! -f "$stamp" ]]; then
-  .venv/bin/python -m pip install -q --upgrade pip >/dev/null
-  .venv/bin/python -m pip install -q -e ".[$extras]"
+  # pip's output goes to a log, shown only if it fails (an editable install prints a
+  # setuptools banner that reads like a problem and is not one)
+  log=".venv/pip-install.log"
+  echo "installing embodied_bus[$extras] and its Python packages into .venv (log: $log)" >&2
+  if ! { .venv/bin/python -m pip install -q --upgrade pip &&
+    .venv/bin/python -m pip install -q -e ".[$extras]"; } >"$log" 2>&1; then
+    cat "$log" >&2
+    echo "setup.sh: pip install failed (the log above is also in $log)" >&2
+    exit 1
+  fi
   touch "$stamp"
 fi
