@@ -318,3 +318,36 @@ def test_top_says_when_no_action_queue_answers() -> None:
     out = run("top", "--bus", f"zenoh:?listen=tcp/127.0.0.1:{port}", "--ns", "clitopn", "--duration", "1")
     assert out.returncode == 0, out.stderr
     assert "actions: no action queue service answered" in out.stdout
+
+
+def _checks(out: subprocess.CompletedProcess[str]) -> dict[str, dict[str, str]]:
+    return {c["name"]: c for c in json.loads(out.stdout)}
+
+
+def test_doctor_passes_on_an_embedded_zenoh_bus_and_times_a_round_trip() -> None:
+    out = run("doctor", "--bus", "zenoh:", "--ns", "doctortest", "--samples", "20", "--json")
+    assert out.returncode == 0, out.stderr
+    checks = _checks(out)
+    assert checks["bus"]["status"] == "ok"
+    assert checks["eclipse-zenoh"]["status"] == "ok"
+    assert checks["zenoh links"]["status"] == "ok"  # alone, and nothing asked it to connect
+    assert checks["round trip"]["status"] in ("ok", "warn")  # warn only on a very busy machine
+    assert "20 samples of 1 KiB" in checks["round trip"]["detail"]
+
+
+def test_doctor_fails_naming_the_broker_it_could_not_reach() -> None:
+    port = free_port()
+    out = run("doctor", "--bus", f"pulsar://127.0.0.1:{port}", "--timeout", "1", "--json")
+    assert out.returncode == 1
+    bus = _checks(out)["bus"]
+    assert bus["status"] == "fail" and f"pulsar://127.0.0.1:{port}" in bus["detail"]
+    assert "round trip" not in _checks(out)
+
+
+def test_doctor_checks_a_pulsar_broker_end_to_end(pulsar_url: str) -> None:
+    out = run("doctor", "--bus", pulsar_url, "--ns", "doctortest", "--samples", "20", "--json")
+    assert out.returncode == 0, out.stdout + out.stderr
+    checks = _checks(out)
+    assert checks["pulsar-client"]["status"] == "ok" and checks["bus"]["status"] == "ok"
+    assert checks["round trip"]["status"] in ("ok", "warn")
+    assert "/dev/shm" not in checks  # Zenoh's concern only

@@ -11,6 +11,7 @@ from embodied_bus import __version__
 from embodied_bus.cli import (
     actions,
     demo,
+    doctor,
     echo,
     fuse,
     keys,
@@ -38,7 +39,22 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--version", action="version", version=f"embodied-bus {__version__}")
     parser.add_argument("-v", "--verbose", action="store_true", help="debug logging")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
-    subcommands = (demo, pub, echo, streams, top, replay, record, fuse, stage, plot, router, ros_bridge, keys)
+    subcommands = (
+        demo,
+        pub,
+        echo,
+        streams,
+        top,
+        replay,
+        record,
+        fuse,
+        stage,
+        plot,
+        router,
+        ros_bridge,
+        keys,
+        doctor,
+    )
     for module in subcommands:
         module.add_parser(sub)
     actions.add_parsers(sub)

@@ -1,0 +1,256 @@
+"""``embodied-bus doctor``: check this machine and a bus before a robot depends on them.
+
+Each check ends ``ok``, ``warn`` (works, but not as well as it could: the detail says what to
+change), ``fail`` (does not work: the detail says why) or ``skip`` (does not apply here). The
+exit status is 1 if any check failed, else 0.
+"""
+
+from __future__ import annotations
+
+import argparse
+import ctypes.util
+import importlib.metadata
+import importlib.util
+import json
+import os
+import platform
+import statistics
+import sys
+import time
+from dataclasses import asdict, dataclass
+
+from embodied_bus.bus import Bus, open_bus
+from embodied_bus.cli.common import add_bus_args, fmt_table
+from embodied_bus.errors import EmbodiedBusError
+from embodied_bus.model.qos import Backpressure, PublisherOptions, SubscriptionOptions
+
+__all__ = [
+    "DOCTOR_STREAM",
+    "PULSAR_SLOW_P50_MS",
+    "SHM_WANTED_BYTES",
+    "ZENOH_SLOW_P50_MS",
+    "Check",
+    "add_parser",
+    "check_round_trip",
+    "check_shm_room",
+    "run_checks",
+]
+
+#: Stream the round trip uses (one name, so repeated runs leave at most one Pulsar topic).
+DOCTOR_STREAM = "_doctor"
+#: A Pulsar round trip slower than this at the median, milliseconds, is reported with the two
+#: broker settings that bring it under a millisecond (the README's "Pulsar brokers for robots").
+PULSAR_SLOW_P50_MS = 3.0
+#: A Zenoh round trip slower than this at the median, milliseconds, is reported (one process
+#: on loopback takes about 0.15 ms; through a router on another host, the network's share).
+ZENOH_SLOW_P50_MS = 2.0
+#: Room in ``/dev/shm`` below which Zenoh's shared memory is reported as too small, bytes:
+#: twice a publisher's pool for 8 MiB point clouds (Docker gives containers 64 MiB).
+SHM_WANTED_BYTES = 2 * 64 * 1024 * 1024
+
+_PULSAR_HINT = (
+    "set managedLedgerNewEntriesCheckDelayInMillis=0 (broker.conf) and "
+    "journalFlushWhenQueueEmpty=true (bookkeeper.conf): see the README's "
+    "'Pulsar brokers for robots: two settings'"
+)
+
+
+@dataclass(frozen=True)
+class Check:
+    """The outcome of one check.
+
+    Attributes:
+        name: What was checked.
+        status: ``ok``, ``warn``, ``fail`` or ``skip``.
+        detail: What was found, and for ``warn`` and ``fail`` what to do about it.
+    """
+
+    name: str
+    status: str
+    detail: str
+
+
+def add_parser(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
+    p = sub.add_parser(
+        "doctor",
+        help="check this machine and a bus: packages, shared memory, reachability, round-trip latency",
+    )
+    add_bus_args(p)
+    p.add_argument(
+        "--samples",
+        type=int,
+        default=100,
+        metavar="N",
+        help="1 KiB samples sent one at a time for the round trip (default %(default)s)",
+    )
+    p.add_argument(
+        "--timeout",
+        type=float,
+        default=10.0,
+        metavar="S",
+        help="longest wait to open the bus, and for each sample, seconds (default %(default)s)",
+    )
+    p.add_argument("--json", action="store_true", help="the checks as one JSON array")
+    p.set_defaults(func=run)
+
+
+def _version(dist: str) -> str | None:
+    try:
+        return importlib.metadata.version(dist)
+    except importlib.metadata.PackageNotFoundError:
+        return None
+
+
+def check_packages(engine: str) -> list[Check]:
+    """The Python packages embodied_bus uses, and whether the ones ``engine`` needs are there."""
+    where = f"Python {platform.python_version()} on {platform.machine()} {sys.platform}"
+    out = [Check("python", "ok", where)]
+    zenoh = _version("eclipse-zenoh")
+    out.append(
+        Check("eclipse-zenoh", "ok", zenoh)
+        if zenoh
+        else Check("eclipse-zenoh", "fail", "not installed: pip install eclipse-zenoh")
+    )
+    pulsar = _version("pulsar-client")
+    if pulsar:
+        out.append(Check("pulsar-client", "ok", pulsar))
+    else:
+        need = "pip install 'embodied_bus[pulsar]'"
+        out.append(
+            Check("pulsar-client", "fail", f"not installed, and the bus is Pulsar: {need}")
+            if engine == "pulsar"
+            else Check("pulsar-client", "skip", f"not installed (needed for pulsar:// buses: {need})")
+        )
+    if _version("open3d") is None:
+        why = "not installed (point clouds as open3d objects: embodied_bus[pointcloud])"
+        out.append(Check("open3d", "skip", why))
+    elif ctypes.util.find_library("usb-1.0") is None:
+        out.append(Check("open3d", "fail", "installed, but libusb-1.0 is missing: apt install libusb-1.0-0"))
+    else:
+        out.append(Check("open3d", "ok", str(_version("open3d"))))
+    out.append(
+        Check("rclpy", "ok", "ROS 2 nodes can run")
+        if importlib.util.find_spec("rclpy") is not None
+        else Check("rclpy", "skip", "no ROS 2 here: the bus works, the ROS 2 nodes need a sourced ROS 2")
+    )
+    return out
+
+
+def check_shm_room(free_bytes: int | None) -> Check:
+    """Whether ``/dev/shm`` (``free_bytes`` free; None: there is none) has room for Zenoh's
+    shared memory."""
+    if free_bytes is None:
+        return Check("/dev/shm", "skip", "no /dev/shm: Zenoh moves large payloads over its links")
+    mib = free_bytes / (1 << 20)
+    if free_bytes < SHM_WANTED_BYTES:
+        return Check(
+            "/dev/shm",
+            "warn",
+            f"{mib:.0f} MiB free, {SHM_WANTED_BYTES >> 20} MiB wanted: large payloads then go "
+            "the ordinary way, with more copies (in Docker: --shm-size=512m)",
+        )
+    return Check("/dev/shm", "ok", f"{mib:.0f} MiB free")
+
+
+def check_round_trip(engine: str, latencies_ms: list[float], expected: int) -> Check:
+    """Judge a round trip of ``expected`` samples of which these latencies arrived."""
+    if len(latencies_ms) < expected:
+        return Check(
+            "round trip",
+            "fail",
+            f"{expected - len(latencies_ms)} of {expected} samples did not come back",
+        )
+    if not latencies_ms:
+        return Check("round trip", "skip", "no samples sent")
+    p50 = statistics.median(latencies_ms)
+    p99 = sorted(latencies_ms)[min(len(latencies_ms) - 1, int(0.99 * len(latencies_ms)))]
+    detail = f"{expected} samples of 1 KiB, publish to receive p50 {p50:.2f} ms, p99 {p99:.2f} ms"
+    if engine == "pulsar" and p50 > PULSAR_SLOW_P50_MS:
+        return Check("round trip", "warn", f"{detail}: slow for a broker; {_PULSAR_HINT}")
+    if engine == "zenoh" and p50 > ZENOH_SLOW_P50_MS:
+        return Check("round trip", "warn", f"{detail}: slow for Zenoh (a distant router or a busy host?)")
+    return Check("round trip", "ok", detail)
+
+
+def _shm_free_bytes() -> int | None:
+    try:
+        st = os.statvfs("/dev/shm")
+    except OSError:
+        return None
+    return st.f_bavail * st.f_frsize
+
+
+async def _round_trip(bus: Bus, samples: int, timeout_s: float) -> list[float]:
+    """Send ``samples`` samples one at a time and time each from publish to receive, ms."""
+    sub = await bus.subscribe(
+        DOCTOR_STREAM, options=SubscriptionOptions(capacity=16, backpressure=Backpressure.BLOCK)
+    )
+    pub = await bus.publisher(DOCTOR_STREAM, options=PublisherOptions(backpressure=Backpressure.BLOCK))
+    out: list[float] = []
+    try:
+        await pub.wait_for_subscribers(timeout_s)
+        payload = bytes(1024)
+        for _ in range(samples):
+            t0 = time.perf_counter()
+            header = await pub.publish(payload, stamp_ns=time.time_ns())
+            while True:  # skip the samples of another doctor run on the same stream
+                got = await sub.recv(timeout_s=timeout_s)
+                if got.header.publisher_id == header.publisher_id and got.header.seq == header.seq:
+                    break
+            out.append((time.perf_counter() - t0) * 1e3)
+    except TimeoutError:
+        pass
+    finally:
+        await pub.close()
+        await sub.close()
+    return out
+
+
+async def run_checks(url: str, namespace: str | None, *, samples: int, timeout_s: float) -> list[Check]:
+    """Every check, for the bus at ``url``."""
+    engine = "pulsar" if url.startswith("pulsar") else "zenoh"
+    checks = check_packages(engine)
+    if engine == "zenoh":
+        checks.append(check_shm_room(_shm_free_bytes()))
+    t0 = time.perf_counter()
+    try:
+        bus = await open_bus(url, namespace=namespace, connect_timeout_s=timeout_s)
+    except EmbodiedBusError as err:
+        checks.append(Check("bus", "fail", str(err)))
+        return checks
+    try:
+        opened_ms = (time.perf_counter() - t0) * 1e3
+        checks.append(Check("bus", "ok", f"{url} opened in {opened_ms:.0f} ms (namespace {bus.namespace!r})"))
+        session = getattr(bus.engine, "session", None)
+        if session is not None:  # Zenoh: who this session reached
+            routers, peers = len(list(session.info.routers_zid())), len(list(session.info.peers_zid()))
+            settings = getattr(bus.engine, "settings", None)
+            wanted = bool(getattr(settings, "connect", ())) or getattr(settings, "mode", "peer") == "client"
+            status = "warn" if wanted and routers + peers == 0 else "ok"
+            detail = f"{routers} router(s), {peers} peer(s) reached"
+            if status == "warn":
+                detail += ": samples published here reach no other process"
+            elif routers + peers == 0:
+                detail += " (an embedded peer alone: other processes need a listen/connect pair or a router)"
+            checks.append(Check("zenoh links", status, detail))
+        try:
+            latencies = await _round_trip(bus, samples, timeout_s)
+        except EmbodiedBusError as err:
+            checks.append(Check("round trip", "fail", str(err)))
+        else:
+            checks.append(check_round_trip(engine, latencies, samples))
+    finally:
+        await bus.close()
+    return checks
+
+
+async def run(args: argparse.Namespace) -> int:
+    if args.samples < 1:
+        print(f"embodied-bus doctor: --samples must be at least 1, got {args.samples}", file=sys.stderr)
+        return 2
+    checks = await run_checks(args.bus, args.ns, samples=args.samples, timeout_s=args.timeout)
+    if args.json:
+        print(json.dumps([asdict(c) for c in checks], indent=1))
+    else:
+        print(fmt_table((asdict(c) for c in checks), ["name", "status", "detail"]))
+    return 1 if any(c.status == "fail" for c in checks) else 0
