@@ -63,3 +63,15 @@ def test_launch_files_parse_and_only_run_existing_commands() -> None:
                 first = node.value.elts[0] if isinstance(node.value, ast.List) else node.value
                 assert isinstance(first, ast.Constant) and first.value in scripts, (path, first)
     assert sys.version_info >= (3, 10)
+
+
+def test_every_subcommand_of_the_command_line_is_in_the_readme() -> None:
+    import argparse
+
+    from embodied_bus.cli.main import build_parser
+
+    parser = build_parser()
+    (sub,) = [a for a in parser._actions if isinstance(a, argparse._SubParsersAction)]
+    readme = (ROOT / "README.md").read_text()
+    missing = [name for name in sorted(sub.choices) if f"embodied-bus {name}" not in readme]
+    assert not missing, f"subcommands the README does not show: {missing}"
