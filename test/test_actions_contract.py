@@ -485,13 +485,16 @@ def _pulsar_unacked(web_url: str, topic: str, consumer_name: str) -> int:
     return 0
 
 
+@pytest.mark.parametrize("kinds", [1, 3])
 @pytest.mark.parametrize("prefetch", [None, 4])
 async def test_an_idle_executor_takes_the_backlog_a_busy_one_cannot_start(
-    rig: Rig, prefetch: int | None, request: pytest.FixtureRequest
+    rig: Rig, prefetch: int | None, kinds: int, request: pytest.FixtureRequest
 ) -> None:
     """A busy executor holds at most ``prefetch`` + 1 unstarted actions per level on Pulsar (the
     client's receiver queue and the message it took), none on Zenoh (the queue service leases
-    only free slots): an executor that comes up idle takes all the rest at once."""
+    only free slots): an executor that comes up idle takes all the rest at once. The same when
+    the busy executor serves several kinds (on Pulsar one consumer per level then reads a topic
+    per kind)."""
     if rig.engine == "zenoh" and prefetch is not None:
         pytest.skip("prefetch is a Pulsar setting (Zenoh's queue service leases free slots only)")
     gate = asyncio.Event()
@@ -506,7 +509,8 @@ async def test_an_idle_executor_takes_the_backlog_a_busy_one_cannot_start(
         return work
 
     busy = Executor(rig.ex_bus, "busy", concurrency=1, prefetch=prefetch, policy=FAST)
-    busy.handler("job")(worker("busy"))
+    for kind in ["job", "weld", "inspect"][:kinds]:
+        busy.handler(kind)(worker("busy"))
     rig.tasks.append(asyncio.create_task(busy.run(rig.stop)))
     blocker = await rig.planner.submit("job", "blocker")
     await wait_for_status(rig.planner, blocker.id, ActionStatus.RUNNING)
