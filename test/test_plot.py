@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import math
 from pathlib import Path
 
 import pytest
@@ -12,7 +13,7 @@ from embodied_bus.fusion import Assembler, MultiModalFrame, encode_frame, frame_
 from embodied_bus.model import Header, Modality, Sample
 from embodied_bus.replay.recorder import McapRecorder
 from embodied_bus.sim.scenario import Scenario, generate
-from embodied_bus.viz import load_frame_summaries, plot_timeline
+from embodied_bus.viz import added_latency_series, load_frame_summaries, plot_timeline
 
 ROOT = Path(__file__).resolve().parents[1]
 PNG = b"\x89PNG\r\n\x1a\n"
@@ -57,3 +58,14 @@ def test_plotting_nothing_is_a_clear_error(tmp_path: Path) -> None:
     (tmp_path / "bad.jsonl").write_text("{not json\n")
     with pytest.raises(EmbodiedBusError, match=r"bad\.jsonl:1"):
         load_frame_summaries(tmp_path / "bad.jsonl")
+
+
+def test_frames_forced_out_are_drawn_apart_from_the_usual_added_latency() -> None:
+    summaries = [
+        {"added_latency_ms": 2.0, "forced": False},
+        {"added_latency_ms": 540.0, "forced": True},  # the end of the stream forced it out
+        {"added_latency_ms": None, "forced": False},
+    ]
+    usual, forced = added_latency_series(summaries)
+    assert usual[0] == 2.0 and math.isnan(usual[1]) and math.isnan(usual[2])
+    assert forced[1] == 540.0 and math.isnan(forced[0]) and math.isnan(forced[2])

@@ -9,7 +9,7 @@ from typing import Any
 from embodied_bus.errors import EmbodiedBusError
 from embodied_bus.ros.conversions import typestore
 
-__all__ = ["load_frame_summaries", "plot_timeline"]
+__all__ = ["added_latency_series", "load_frame_summaries", "plot_timeline"]
 
 
 def load_frame_summaries(path: str | Path) -> list[dict[str, Any]]:
@@ -46,6 +46,20 @@ def load_frame_summaries(path: str | Path) -> list[dict[str, Any]]:
     if not frames:
         raise EmbodiedBusError(f"no frames in {str(p)!r}")
     return sorted(frames, key=lambda f: f["bucket"])
+
+
+def added_latency_series(frames: list[dict[str, Any]]) -> tuple[list[float], list[float]]:
+    """The latency fusion added per frame (ms; NaN where none), split into the frames that
+    completed and those forced out by the lateness bound or the end of the stream (these wait
+    longest, and are drawn apart so they are not read as the pipeline's usual latency)."""
+    nan = float("nan")
+    usual, forced = [], []
+    for f in frames:
+        v = f.get("added_latency_ms")
+        ms = nan if v is None else float(v)
+        usual.append(nan if f.get("forced") else ms)
+        forced.append(ms if f.get("forced") else nan)
+    return usual, forced
 
 
 def plot_timeline(frames: list[dict[str, Any]], out: str | Path, *, title: str = "") -> Path:
@@ -99,7 +113,6 @@ def plot_timeline(frames: list[dict[str, Any]], out: str | Path, *, title: str =
     axes[1].set_ylabel("|skew| to\nreference (ms)")
     if axes[1].get_legend_handles_labels()[0]:
         axes[1].legend(loc="upper right", fontsize=8)
-    added = [f.get("added_latency_ms") for f in frames]
     e2e = [f.get("end_to_end_ms") for f in frames]
     e2e_ok = [v for v in e2e if v is not None and abs(v) < 60_000]
     if len(e2e_ok) == len(e2e):
@@ -109,11 +122,28 @@ def plot_timeline(frames: list[dict[str, Any]], out: str | Path, *, title: str =
             "end-to-end latency not drawn: stamps are not on the wall clock (a replayed recording)",
             fontsize=8,
         )
+    usual, late = added_latency_series(frames)
     axes[2].plot(
-        t, [np.nan if v is None else v for v in added], ".", ms=3, label="added by fusion", color="#e08a1e"
+        t,
+        usual,
+        ".",
+        ms=3,
+        label="added by fusion",
+        color="#e08a1e",
     )
+    if not np.all(np.isnan(np.asarray(late, dtype=float))):
+        # frames the lateness bound or the end of the stream forced out wait longest: marked
+        # apart so they are not read as the pipeline's usual added latency
+        axes[2].plot(
+            t,
+            late,
+            "x",
+            ms=5,
+            label="added, frame forced out (lateness bound or end of stream)",
+            color="#c0392b",
+        )
     axes[2].set_ylabel("latency\n(ms)")
-    axes[2].legend(loc="upper right", fontsize=8)
+    axes[2].legend(loc="best", fontsize=8)
     axes[2].set_xlabel("time since the first frame (s)")
     for a in axes[1:]:
         a.grid(alpha=0.3)
