@@ -41,6 +41,8 @@ setup(
         "xxhash>=3",
         "msgspec>=0.18",
         "cryptography>=41",
+        # the command line's event loop (embodied_bus.loop); none for Windows
+        'uvloop>=0.19; sys_platform != "win32"',
     ],
     extras_require={
         "pulsar": ["pulsar-client>=3.9,<4"],

@@ -15,6 +15,9 @@ Pulsar latency depends on two broker settings that are not Pulsar's defaults (se
 that has them (and stops it after); against a broker of your own, the figures are that
 broker's.
 
+``--loop`` chooses the event loop (default ``auto``: uvloop if installed, as ``embodied-bus``
+runs; ``asyncio`` for asyncio's own); the JSON says which ran.
+
 ``--prefetch N`` gives the Pulsar executors ``Executor(prefetch=N)`` (default 2) and the raw
 baseline's consumers the same receiver queue size.
 
@@ -24,7 +27,7 @@ the CPU of one action (this process and the broker) in raw messages' worth of CP
 process's and the broker's per raw message). On a machine whose cores both sides keep busy the
 throughput ratio stays near its inverse.
 
-Usage: python bench/actions.py [--quick] [--one-process] [--executor-processes]
+Usage: python bench/actions.py [--quick] [--one-process] [--executor-processes] [--loop auto|uvloop|asyncio]
        [--pulsar auto|pulsar://127.0.0.1:6650 [--pulsar-only] [--broker-pid PID] [--prefetch N]]
 """
 
@@ -55,6 +58,7 @@ from embodied_bus.actions import Action, Executor, Planner, QueueService, RetryP
 from embodied_bus.actions.pulsar_queue import RECEIVER_QUEUE_SIZE  # noqa: E402
 from embodied_bus.actions.service import EXECUTOR_GROUP  # noqa: E402
 from embodied_bus.cli.actions import _at_least_one  # noqa: E402  (the CLI's --prefetch check)
+from embodied_bus.loop import LOOP_CHOICES, LOOP_ENV, loop_runner  # noqa: E402
 from embodied_bus.testing.ports import free_port  # noqa: E402
 
 
@@ -383,7 +387,16 @@ def main() -> None:
         help="Pulsar: the executors' prefetch per priority level (Executor(prefetch=N); default 2); "
         "the raw baseline's consumers then use the same receiver queue size",
     )
+    p.add_argument(
+        "--loop",
+        choices=LOOP_CHOICES,
+        default="auto",
+        help="event loop of this process and of the queue service and executor processes: "
+        "auto (uvloop if installed, as the command line runs; the default), uvloop or asyncio",
+    )
     args = p.parse_args()
+    loop_name, run = loop_runner(args.loop)
+    os.environ[LOOP_ENV] = args.loop  # the `embodied-bus queue` and `executor` processes
 
     def terminate(signum: int, frame: object) -> None:
         raise SystemExit(128 + signum)  # so a broker started with --pulsar auto is stopped and deleted
@@ -392,9 +405,9 @@ def main() -> None:
     if args.pulsar_only and not args.pulsar:
         p.error("--pulsar-only needs --pulsar URL")
     n = 1000 if args.quick else 5000
-    out: dict[str, Any] = {}
+    out: dict[str, Any] = {"event_loop": loop_name}
     if not args.pulsar_only:
-        zenoh = asyncio.run(
+        zenoh = run(
             actions_bench(n, service_process=not args.one_process, executor_processes=args.executor_processes)
         )
         zenoh["targets"] = {
@@ -418,7 +431,7 @@ def main() -> None:
                 # 2026-12-03); warmed with the raw baseline's traffic, which is not reported
                 raw_pulsar_shared(url, RAW_MESSAGES_PER_ACTION * n, args.prefetch, broker_pid)
                 out["pulsar_broker"] = "started by the bench (embodied_bus.testing.pulsar), warmed up"
-            ours = asyncio.run(
+            ours = run(
                 actions_bench(
                     n,
                     url,

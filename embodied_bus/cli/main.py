@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import argparse
-import asyncio
 import logging
 import sys
 
@@ -26,6 +25,7 @@ from embodied_bus.cli import (
     top,
 )
 from embodied_bus.errors import EmbodiedBusError
+from embodied_bus.loop import loop_runner
 
 __all__ = ["build_parser", "main"]
 
@@ -73,7 +73,8 @@ def main(argv: list[str] | None = None) -> int:
         parser.print_help()
         return 2
     try:
-        return int(asyncio.run(args.func(args)) or 0)
+        _, run = loop_runner()
+        return int(run(args.func(args)) or 0)
     except EmbodiedBusError as err:
         print(f"embodied-bus {args.command}: error: {err}", file=sys.stderr)
         return 1
