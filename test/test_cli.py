@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 
@@ -351,3 +352,16 @@ def test_doctor_checks_a_pulsar_broker_end_to_end(pulsar_url: str) -> None:
     assert checks["pulsar-client"]["status"] == "ok" and checks["bus"]["status"] == "ok"
     assert checks["round trip"]["status"] in ("ok", "warn")
     assert "/dev/shm" not in checks  # Zenoh's concern only
+
+
+def test_an_unknown_event_loop_in_the_environment_is_refused_by_name() -> None:
+    out = subprocess.run(
+        [*CLI, "doctor", "--samples", "1"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+        env={**os.environ, "EMBODIED_BUS_LOOP": "trio"},
+    )
+    assert out.returncode == 1
+    assert "EMBODIED_BUS_LOOP='trio': must be one of auto, uvloop, asyncio" in out.stderr
