@@ -365,3 +365,20 @@ def test_an_unknown_event_loop_in_the_environment_is_refused_by_name() -> None:
     )
     assert out.returncode == 1
     assert "EMBODIED_BUS_LOOP='trio': must be one of auto, uvloop, asyncio" in out.stderr
+
+
+def test_doctor_sends_its_round_trip_through_the_router_of_the_url() -> None:
+    port = free_port()
+    router = subprocess.Popen(
+        [*CLI, "router", "--listen", f"tcp/127.0.0.1:{port}"], stdout=subprocess.PIPE, text=True
+    )
+    try:
+        assert router.stdout is not None and "router listening" in router.stdout.readline()
+        out = run("doctor", "--bus", f"zenoh://127.0.0.1:{port}", "--samples", "20", "--json")
+        assert out.returncode == 0, out.stdout + out.stderr
+        checks = _checks(out)
+        assert checks["zenoh links"]["detail"].startswith("1 router(s)")
+        assert "through the URL's endpoints" in checks["round trip"]["detail"]
+    finally:
+        router.terminate()
+        router.wait(10)

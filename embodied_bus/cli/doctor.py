@@ -21,6 +21,7 @@ from dataclasses import asdict, dataclass
 
 from embodied_bus.bus import Bus, open_bus
 from embodied_bus.cli.common import add_bus_args, fmt_table
+from embodied_bus.engines.urls import ZenohSettings
 from embodied_bus.errors import EmbodiedBusError
 from embodied_bus.loop import LOOP_ENV, loop_runner
 from embodied_bus.model.qos import Backpressure, PublisherOptions, SubscriptionOptions
@@ -166,8 +167,9 @@ def check_shm_room(free_bytes: int | None) -> Check:
     return Check("/dev/shm", "ok", f"{mib:.0f} MiB free")
 
 
-def check_round_trip(engine: str, latencies_ms: list[float], expected: int) -> Check:
-    """Judge a round trip of ``expected`` samples of which these latencies arrived."""
+def check_round_trip(engine: str, latencies_ms: list[float], expected: int, *, path: str = "") -> Check:
+    """Judge a round trip of ``expected`` samples of which these latencies arrived (``path``:
+    which way they went, for the detail)."""
     if len(latencies_ms) < expected:
         return Check(
             "round trip",
@@ -178,7 +180,7 @@ def check_round_trip(engine: str, latencies_ms: list[float], expected: int) -> C
         return Check("round trip", "skip", "no samples sent")
     p50 = statistics.median(latencies_ms)
     p99 = sorted(latencies_ms)[min(len(latencies_ms) - 1, int(0.99 * len(latencies_ms)))]
-    detail = f"{expected} samples of 1 KiB, publish to receive p50 {p50:.2f} ms, p99 {p99:.2f} ms"
+    detail = f"{expected} samples of 1 KiB{path}, publish to receive p50 {p50:.2f} ms, p99 {p99:.2f} ms"
     if engine == "pulsar" and p50 > PULSAR_SLOW_P50_MS:
         return Check("round trip", "warn", f"{detail}: slow for a broker; {_PULSAR_HINT}")
     if engine == "zenoh" and p50 > ZENOH_SLOW_P50_MS:
@@ -194,9 +196,10 @@ def _shm_free_bytes() -> int | None:
     return st.f_bavail * st.f_frsize
 
 
-async def _round_trip(bus: Bus, samples: int, timeout_s: float) -> list[float]:
-    """Send ``samples`` samples one at a time and time each from publish to receive, ms."""
-    sub = await bus.subscribe(
+async def _round_trip(bus: Bus, sub_bus: Bus, samples: int, timeout_s: float) -> list[float]:
+    """Send ``samples`` samples one at a time from ``bus`` to ``sub_bus`` and time each from
+    publish to receive, ms."""
+    sub = await sub_bus.subscribe(
         DOCTOR_STREAM, options=SubscriptionOptions(capacity=16, backpressure=Backpressure.BLOCK)
     )
     pub = await bus.publisher(DOCTOR_STREAM, options=PublisherOptions(backpressure=Backpressure.BLOCK))
@@ -238,8 +241,8 @@ async def run_checks(url: str, namespace: str | None, *, samples: int, timeout_s
         session = getattr(bus.engine, "session", None)
         if session is not None:  # Zenoh: who this session reached
             routers, peers = len(list(session.info.routers_zid())), len(list(session.info.peers_zid()))
-            settings = getattr(bus.engine, "settings", None)
-            wanted = bool(getattr(settings, "connect", ())) or getattr(settings, "mode", "peer") == "client"
+            zs = bus.settings
+            wanted = isinstance(zs, ZenohSettings) and (bool(zs.connect) or zs.mode == "client")
             status = "warn" if wanted and routers + peers == 0 else "ok"
             detail = f"{routers} router(s), {peers} peer(s) reached"
             if status == "warn":
@@ -247,12 +250,20 @@ async def run_checks(url: str, namespace: str | None, *, samples: int, timeout_s
             elif routers + peers == 0:
                 detail += " (an embedded peer alone: other processes need a listen/connect pair or a router)"
             checks.append(Check("zenoh links", status, detail))
+        sub_bus, path = bus, " through the broker" if engine == "pulsar" else " within this process"
         try:
-            latencies = await _round_trip(bus, samples, timeout_s)
+            if isinstance(bus.settings, ZenohSettings) and bus.settings.connect:
+                # a second session, so that the samples go out through the router or peer
+                sub_bus = await open_bus(url, namespace=namespace, connect_timeout_s=timeout_s)
+                path = " through the URL's endpoints"
+            latencies = await _round_trip(bus, sub_bus, samples, timeout_s)
         except EmbodiedBusError as err:
             checks.append(Check("round trip", "fail", str(err)))
         else:
-            checks.append(check_round_trip(engine, latencies, samples))
+            checks.append(check_round_trip(engine, latencies, samples, path=path))
+        finally:
+            if sub_bus is not bus:
+                await sub_bus.close()
     finally:
         await bus.close()
     return checks
