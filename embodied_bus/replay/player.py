@@ -3,12 +3,13 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import queue
 import sys
 import threading
 import time
 from collections import Counter
-from collections.abc import AsyncIterator, Callable, Generator, Iterator, Mapping, Sequence
+from collections.abc import AsyncGenerator, AsyncIterator, Callable, Generator, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -158,6 +159,22 @@ async def replay(
 
 
 _END = object()
+#: How long a wait for the reader thread's next message lasts before the thread is checked
+#: (a reader that died without a word must not keep the replay, or a worker thread, waiting
+#: for good), seconds.
+READ_WAIT_S = 0.5
+
+
+def _get_from_reader(q: queue.Queue[Any], reader: threading.Thread) -> Any:
+    """The reader thread's next item (in a worker thread), waiting :data:`READ_WAIT_S` at a
+    time; ``_END`` if the reader has stopped and left nothing."""
+    while True:
+        alive = reader.is_alive()  # before the wait: what it put before it ended is then seen
+        try:
+            return q.get(timeout=READ_WAIT_S)
+        except queue.Empty:
+            if not alive:
+                return _END
 
 
 def _put_unless_cancelled(q: queue.Queue[Any], item: Any, cancelled: threading.Event) -> bool:
@@ -174,7 +191,7 @@ def _put_unless_cancelled(q: queue.Queue[Any], item: Any, cancelled: threading.E
 
 async def _read_ahead(
     paths: Sequence[str | Path], topics: tuple[str, ...] | None, opts: ReplayOptions | None = None
-) -> AsyncIterator[RecordedMessage | SkippedTopic]:
+) -> AsyncGenerator[RecordedMessage | SkippedTopic, None]:
     """Read (and decompress, convert) in a named thread, ahead of the replay clock.
 
     The reader stops at the end of the replayed window, and the queue is filled before the
@@ -216,7 +233,8 @@ async def _read_ahead(
             try:
                 item = q.get_nowait()
             except queue.Empty:
-                item = await asyncio.to_thread(q.get)
+                # bounded waits: a worker thread never stays blocked on a reader that is gone
+                item = await asyncio.to_thread(_get_from_reader, q, th)
             if item is _END:
                 return
             if isinstance(item, BaseException):
@@ -406,8 +424,25 @@ async def _one_pass(
     progress: Callable[[float, int], None] | None,
 ) -> None:
     window = _Window(opts, summary)
+    # closed here when the window ends early (not whenever the collector finalizes it): the
+    # reader thread then stops at once
+    async with contextlib.aclosing(_read_ahead(paths, opts.topics, opts)) as items:
+        await _timed(items, bus, opts, summary, pubs, stop, progress, window)
+
+
+async def _timed(
+    items: AsyncIterator[RecordedMessage | SkippedTopic],
+    bus: Bus,
+    opts: ReplayOptions,
+    summary: ReplaySummary,
+    pubs: dict[str, Publisher],
+    stop: asyncio.Event | None,
+    progress: Callable[[float, int], None] | None,
+    window: _Window,
+) -> None:
+    """The body of :func:`_one_pass`: each message published when it falls due."""
     t0 = 0.0
-    async for item in _read_ahead(paths, opts.topics, opts):
+    async for item in items:
         if stop is not None and stop.is_set():
             return
         if isinstance(item, SkippedTopic):
