@@ -391,3 +391,27 @@ def test_the_zenoh_sender_cuts_a_burst_into_the_same_puts_on_its_fast_and_genera
         return out
 
     assert puts(fast=True) == puts(fast=False)
+
+
+async def test_a_flush_returns_even_when_a_wake_up_is_lost_or_the_counts_disagree() -> None:
+    """The Zenoh sender thread's ``wait_below`` (behind ``flush`` and a blocked ``publish``)
+    looks again every SENDER_RECHECK_S and returns once the sender is idle with nothing queued:
+    neither a lost wake-up nor a miscount can keep it waiting for good."""
+    from embodied_bus.engines.zenoh_engine import SENDER_RECHECK_S, _SenderThread
+
+    put: list[int] = []
+
+    def put_all(items: list[tuple[object, bytes, int]]) -> None:
+        put.extend(slots for _, _, slots in items)
+
+    sender = _SenderThread("t", put_all, 4, asyncio.get_running_loop())
+    try:
+        sender._wake_all = lambda: None  # type: ignore[method-assign]  # every wake-up lost
+        for _ in range(3):
+            sender.push(b"x", b"h", 1)
+        await asyncio.wait_for(sender.wait_below(0), 5 * SENDER_RECHECK_S)
+        assert put == [1, 1, 1] and sender.backlog() == 0
+        sender._pushed_slots += 2  # counted, never queued
+        await asyncio.wait_for(sender.wait_below(0), 5 * SENDER_RECHECK_S)
+    finally:
+        sender.close()

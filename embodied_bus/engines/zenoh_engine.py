@@ -79,6 +79,9 @@ SENDER_HIGH_WATER = 1024
 #: clouds).
 SENDER_HIGH_WATER_BYTES = 64 * 1024 * 1024
 _SLOT_BYTES = SENDER_HIGH_WATER_BYTES // SENDER_HIGH_WATER
+#: Longest wait of ``flush`` or a blocked ``publish`` for the sender thread's wake-up before it
+#: looks at the sender's state again, seconds.
+SENDER_RECHECK_S = 0.5
 #: Allocation policy of the shared-memory pool: collect freed segments, never wait.
 _SHM_ALLOC = zenoh.shm.GarbageCollect()
 _slots_of = itemgetter(2)
@@ -184,6 +187,7 @@ class _SenderThread:
         self._idle = False
         self._waiters: list[asyncio.Future[None]] = []
         self._closed = False
+        self._miscounted = False  # warned once that the counts disagree with an idle sender
         self.error: BaseException | None = None
         self._thread = threading.Thread(target=self._run, name=f"eb-zenoh-put-{name}", daemon=True)
         self._thread.start()
@@ -251,13 +255,27 @@ class _SenderThread:
             self._loop.call_soon_threadsafe(resolve_none, fut)
 
     async def wait_below(self, limit: int) -> None:
+        """Wait until at most ``limit`` slots are queued or being put, the sender is idle with
+        nothing queued (everything pushed has been put, whatever the counts say), or it closed.
+        Each wait for a wake-up lasts at most :data:`SENDER_RECHECK_S`: a wake-up that never
+        comes costs that much, never a flush that waits for good."""
         while True:
             with self._cond:
                 if self.backlog() <= limit or self._closed:
                     return
+                if self._idle and not self._items:
+                    if not self._miscounted:
+                        self._miscounted = True
+                        name, queued = self._thread.name, self.backlog()
+                        _logger.warning("sender %s idle with %d slots counted as queued", name, queued)
+                    return
                 fut: asyncio.Future[None] = self._loop.create_future()
                 self._waiters.append(fut)
-            await fut
+            try:
+                async with asyncio.timeout(SENDER_RECHECK_S):
+                    await fut
+            except TimeoutError:
+                pass  # look again
 
     def close(self) -> None:
         with self._cond:
