@@ -36,6 +36,64 @@ def pytest_configure(config: pytest.Config) -> None:
     if threading.current_thread() is threading.main_thread():
         signal.signal(signal.SIGTERM, interrupt)
         signal.signal(signal.SIGHUP, interrupt)
+    # the descriptor pytest's faulthandler plugin writes to as well: still the terminal's here
+    _stderr_copy.append(os.dup(sys.stderr.fileno()))
+
+
+#: A test (setup, call and teardown) still running after this long gets the asyncio tasks of
+#: every running event loop printed with their stacks, seconds (thread stacks come from
+#: ``faulthandler_timeout`` in pytest.ini; pytest-timeout ends the test at 300 s).
+STUCK_TASKS_AFTER_S = 250.0
+
+
+def _print_tasks(loop: asyncio.AbstractEventLoop, nodeid: str, write: Callable[[str], None]) -> None:
+    """On ``loop``'s thread: every unfinished task of it, with its stack."""
+    import io
+
+    tasks = [t for t in asyncio.all_tasks(loop) if not t.done()]
+    out = io.StringIO()
+    print(f"\n{nodeid} still running: {len(tasks)} unfinished asyncio task(s)", file=out)
+    for task in tasks:
+        print(f"--- {task!r}"[:400], file=out)
+        task.print_stack(limit=20, file=out)
+    write(out.getvalue())
+
+
+def _dump_stuck_tasks(nodeid: str, write: Callable[[str], None]) -> None:
+    """From a timer thread: ask each running event loop to print its tasks."""
+    import gc
+
+    for obj in gc.get_objects():
+        if isinstance(obj, asyncio.AbstractEventLoop) and obj.is_running():
+            try:
+                obj.call_soon_threadsafe(_print_tasks, obj, nodeid, write)
+            except RuntimeError:  # closed meanwhile
+                pass
+
+
+#: The test command's own stderr (a copy made before pytest captures the tests' output).
+_stderr_copy: list[int] = []
+
+
+def _write_stderr(text: str) -> None:
+    os.write(_stderr_copy[0] if _stderr_copy else 2, text.encode(errors="replace"))
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_protocol(item: pytest.Item) -> Iterator[None]:
+    done = threading.Event()
+
+    def watch() -> None:  # at STUCK_TASKS_AFTER_S, then every 120 s (a teardown that hangs too)
+        wait_s = STUCK_TASKS_AFTER_S
+        while not done.wait(wait_s):
+            _dump_stuck_tasks(item.nodeid, _write_stderr)
+            wait_s = 120.0
+
+    threading.Thread(target=watch, name="eb-test-watchdog", daemon=True).start()
+    try:
+        yield
+    finally:
+        done.set()
 
 
 def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
