@@ -7,9 +7,7 @@ from pathlib import Path
 from setuptools import find_packages, setup
 
 package_name = "embodied_bus"
-version = re.search(
-    r'^__version__ = "([^"]+)"', Path("embodied_bus/__init__.py").read_text(), re.M
-).group(1)
+version = re.search(r'^__version__ = "([^"]+)"', Path("embodied_bus/__init__.py").read_text(), re.M).group(1)
 
 setup(
     name=package_name,

@@ -17,7 +17,7 @@ from embodied_bus.model import Header, Modality
 from embodied_bus.model.qos import SubscriptionOptions
 from embodied_bus.model.wire import HeaderRun
 from embodied_bus.streams import BoundedBuffer, SequenceTracker, Subscription, Verdict
-from embodied_bus.streams.backpressure import RESUME_FRACTION
+from embodied_bus.streams.backpressure import REFUSED, RESUME_FRACTION
 from embodied_bus.streams.tracker import MAX_TRACKED_MISSING
 
 
@@ -107,6 +107,36 @@ async def test_block_buffer_makes_the_producer_thread_wait_and_loses_nothing() -
     assert got == list(range(50)) and done.is_set() and buf.dropped == 0
 
 
+@pytest.mark.parametrize("policy", list(Backpressure))
+async def test_a_closed_buffer_refuses_an_item_explicitly_even_an_equal_one_already_queued(
+    policy: Backpressure,
+) -> None:
+    buf: BoundedBuffer[tuple[int, str]] = BoundedBuffer(1, policy, asyncio.get_running_loop())
+    queued = (1, "a")
+    assert buf.put(queued) is None
+    waiting: list[object] = []
+
+    def produce() -> None:  # under BLOCK this waits for room until the close
+        waiting.append(buf.put((1, "a")))
+
+    th = threading.Thread(target=produce)
+    th.start()
+    if policy is Backpressure.BLOCK:
+        deadline = time.monotonic() + 5
+        while not buf.waits and time.monotonic() < deadline:
+            await asyncio.sleep(0.005)
+        assert buf.waits == 1
+        buf.close()
+        th.join(5)
+        assert waiting == [REFUSED]
+    else:
+        th.join(5)
+        assert waiting == [queued]  # dropped to make room, and told which
+        buf.close()
+    assert buf.put((2, "b")) is REFUSED
+    assert buf.dropped == (1 if policy is Backpressure.DROP_OLDEST else 0)
+
+
 @given(
     st.lists(
         st.lists(st.tuples(st.integers(1, 2), st.integers(1, 40)), min_size=1, max_size=30),
@@ -159,8 +189,9 @@ def test_a_batch_handed_over_at_once_is_accounted_as_the_same_samples_one_by_one
 
 async def test_a_drop_oldest_buffer_given_many_at_once_keeps_the_newest_and_counts_the_rest() -> None:
     buf: BoundedBuffer[int] = BoundedBuffer(3, Backpressure.DROP_OLDEST, asyncio.get_running_loop())
-    assert buf.put_many([0, 1]) == []
-    assert sorted(buf.put_many([2, 3, 4, 5, 6])) == [0, 1, 2, 3]
+    assert buf.put_many([0, 1]) == ([], [])
+    dropped, refused = buf.put_many([2, 3, 4, 5, 6])
+    assert sorted(dropped) == [0, 1, 2, 3] and refused == []
     assert [await buf.get(1) for _ in range(3)] == [4, 5, 6]
     assert buf.dropped == 4
 
@@ -171,7 +202,7 @@ async def test_a_block_buffer_given_many_at_once_wakes_the_consumer_waits_and_lo
 
     def produce() -> None:
         for start in range(0, 100, 10):
-            assert buf.put_many(list(range(start, start + 10))) == []
+            assert buf.put_many(list(range(start, start + 10))) == ([], [])
         done.set()
 
     th = threading.Thread(target=produce)
@@ -183,7 +214,7 @@ async def test_a_block_buffer_given_many_at_once_wakes_the_consumer_waits_and_lo
     th.join(5)
     assert got == list(range(100)) and done.is_set() and buf.dropped == 0
     buf.close()
-    assert buf.put_many([1, 2]) == [1, 2]  # closed: nothing is taken
+    assert buf.put_many([1, 2]) == ([], [1, 2])  # closed: nothing is taken, nothing dropped
 
 
 async def test_get_many_takes_up_to_the_limit_in_order_and_frees_room_for_a_blocked_producer() -> None:
@@ -195,7 +226,7 @@ async def test_get_many_takes_up_to_the_limit_in_order_and_frees_room_for_a_bloc
 
     def produce() -> None:
         for start in range(0, n, 50):
-            assert buf.put_many(list(range(start, start + 50))) == []
+            assert buf.put_many(list(range(start, start + 50))) == ([], [])
 
     th = threading.Thread(target=produce)
     th.start()
@@ -218,7 +249,7 @@ async def test_a_blocked_producer_resumes_once_a_quarter_of_the_buffer_is_free_n
     n = 2000
 
     def produce() -> None:
-        assert buf.put_many(list(range(n // 2))) == []
+        assert buf.put_many(list(range(n // 2))) == ([], [])
         for i in range(n // 2, n):
             assert buf.put(i) is None
 

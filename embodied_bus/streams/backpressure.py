@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import enum
 import threading
 from collections import deque
 from typing import Generic, TypeVar
@@ -10,9 +11,21 @@ from typing import Generic, TypeVar
 from embodied_bus.errors import BusClosedError
 from embodied_bus.model.qos import Backpressure
 
-__all__ = ["RESUME_FRACTION", "BoundedBuffer"]
+__all__ = ["REFUSED", "RESUME_FRACTION", "BoundedBuffer", "Refused"]
 
 T = TypeVar("T")
+
+
+class Refused(enum.Enum):
+    """What :meth:`BoundedBuffer.put` returns for an item it did not take (the buffer is
+    closed): an explicit answer, not the item itself, so no caller tells "refused" from
+    "dropped" by object identity."""
+
+    REFUSED = "refused"
+
+
+#: The item was not taken: the buffer is (or got, while waiting for room) closed.
+REFUSED = Refused.REFUSED
 
 #: Under ``BLOCK``, a producer waiting for room resumes once 1/this of the buffer is free
 #: (or the room it needs, if less).
@@ -57,17 +70,17 @@ class BoundedBuffer(Generic[T]):
     def __len__(self) -> int:
         return len(self._items)
 
-    def put(self, item: T) -> T | None:
+    def put(self, item: T) -> T | Refused | None:
         """Add an item from any thread except the consumer's loop thread (under ``BLOCK``).
 
         Returns:
-            The item discarded to make room (``DROP_OLDEST``), else None. Also returns ``item``
-            itself if the buffer is closed.
+            The item discarded to make room (``DROP_OLDEST``), :data:`REFUSED` if ``item`` was
+            not taken because the buffer is (or got, while waiting for room) closed, else None.
         """
         dropped: T | None = None
         with self._lock:
             if self._closed:
-                return item
+                return REFUSED
             if len(self._items) >= self.capacity:
                 if self.policy is Backpressure.DROP_OLDEST:
                     dropped = self._items.popleft()
@@ -75,7 +88,7 @@ class BoundedBuffer(Generic[T]):
                 else:
                     self._wait_for_room(self._resume_room)
                     if self._closed:
-                        return item
+                        return REFUSED
             self._items.append(item)
             waiter = self._waiter
             self._waiter = None
@@ -83,20 +96,21 @@ class BoundedBuffer(Generic[T]):
             self._loop.call_soon_threadsafe(_wake, waiter)
         return dropped
 
-    def put_many(self, items: list[T]) -> list[T]:
+    def put_many(self, items: list[T]) -> tuple[list[T], list[T]]:
         """Add items in order, as :meth:`put` does one by one, waking the consumer once.
 
         Returns:
-            The items discarded to make room (``DROP_OLDEST``), or those not added because the
-            buffer is (or got) closed.
+            The items discarded to make room (``DROP_OLDEST``) and those of ``items`` not
+            taken because the buffer is (or got, while waiting for room) closed.
         """
         dropped: list[T] = []
+        refused: list[T] = []
         buf = self._items
         with self._lock:
             i = 0
             while i < len(items):
                 if self._closed:
-                    dropped.extend(items[i:])
+                    refused = items[i:]
                     break
                 room = self.capacity - len(buf)
                 if room <= 0:
@@ -127,7 +141,7 @@ class BoundedBuffer(Generic[T]):
             self._waiter = None
         if waiter is not None:
             self._loop.call_soon_threadsafe(_wake, waiter)
-        return dropped
+        return dropped, refused
 
     def _wait_for_room(self, needed: int) -> None:
         """Wait (lock held) until ``min(needed, resume room)`` slots are free or it closes."""

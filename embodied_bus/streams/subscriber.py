@@ -15,7 +15,7 @@ from embodied_bus.errors import BusClosedError, PayloadTooLargeError
 from embodied_bus.model.qos import SubscriptionOptions
 from embodied_bus.model.sample import Sample
 from embodied_bus.model.wire import Header, HeaderRun
-from embodied_bus.streams.backpressure import BoundedBuffer
+from embodied_bus.streams.backpressure import REFUSED, BoundedBuffer
 from embodied_bus.streams.stats import StreamStats
 from embodied_bus.streams.tracker import Verdict
 
@@ -89,9 +89,9 @@ class Subscription:
             item = (Sample(header, b"", now, verdict is Verdict.OUT_OF_ORDER), ack, payload)
         dropped = self._buffer.put(item)
         if dropped is not None:
-            if dropped is item:
-                # refused: the subscription closed (maybe while this thread waited for room
-                # under BLOCK). Not acknowledged, so a durable subscription gets it again.
+            if dropped is REFUSED:
+                # the subscription closed (maybe while this thread waited for room under
+                # BLOCK). Not acknowledged, so a durable subscription gets it again.
                 return
             sample, dropped_ack, _ = dropped
             self.stats[sample.header.stream].dropped += 1
@@ -183,9 +183,9 @@ class Subscription:
         )
 
     def _put_items(self, items: list[_Item]) -> None:
-        dropped = self._buffer.put_many(items)
-        if self._closed:  # refused by a closed buffer, not dropped by the policy: not acked
-            return
+        # refused items (the subscription closed, maybe while this thread waited for room
+        # under BLOCK) are not acknowledged, so a durable subscription gets them again
+        dropped, _refused = self._buffer.put_many(items)
         for sample, dropped_ack, _ in dropped:
             self.stats[sample.header.stream].dropped += 1
             if dropped_ack is not None:
