@@ -37,6 +37,11 @@ class Bus:
         """``zenoh`` or ``pulsar``."""
         return self.engine.name
 
+    @property
+    def closed(self) -> bool:
+        """Whether :meth:`close` was called."""
+        return self._closed
+
     def _check(self) -> None:
         if self._closed:
             raise BusClosedError(f"bus {self.url!r} is closed")

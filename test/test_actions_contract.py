@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import threading
 import time
 import urllib.request
 import uuid
@@ -13,7 +14,7 @@ from pathlib import Path
 import pulsar
 import pytest
 
-from embodied_bus import Bus, open_bus
+from embodied_bus import Bus, BusClosedError, open_bus
 from embodied_bus.actions import (
     Action,
     ActionError,
@@ -803,3 +804,27 @@ async def test_pulsar_executors_of_one_bus_share_one_state_view_until_the_last_o
     await shared.sync()
     seen = shared.get(late.id)
     assert seen is not None and seen.status is ActionStatus.SUCCEEDED
+
+
+async def test_an_executor_whose_bus_is_closed_under_it_stops_with_a_clear_error_and_no_error_logs(
+    rig: Rig, capfd: pytest.CaptureFixture[str], caplog: pytest.LogCaptureFixture
+) -> None:
+    before = set(threading.enumerate())
+    stop = asyncio.Event()
+    ex = Executor(rig.ex_bus, "orphan", policy=FAST)
+    ex.handler("pick")(lambda action, ctx: asyncio.sleep(0, result="done"))
+    task = asyncio.create_task(ex.run(stop))
+    await rig.executors_up(1)
+    assert (await (await rig.planner.submit("pick")).result(timeout_s=20)).result == "done"
+    # on Pulsar: the membership's listener and heartbeat threads (Zenoh has liveliness instead)
+    names = ("eb-group-", "eb-heartbeat-")
+    members = [t for t in threading.enumerate() if t not in before and t.name.startswith(names)]
+    assert bool(members) == (rig.engine == "pulsar")
+    capfd.readouterr()
+    await rig.ex_bus.close()  # e.g. a program that closes its bus before stopping its executor
+    with pytest.raises(BusClosedError, match=r"'orphan'.*bus was closed"):
+        await asyncio.wait_for(task, 10)  # it stops by itself, and says why
+    await wait_until(lambda: not any(t.is_alive() for t in members), 5, "membership threads ended")
+    assert not stop.is_set()
+    logged = capfd.readouterr().err + caplog.text
+    assert "Failed to close" not in logged and "heartbeat receive failed" not in logged, logged

@@ -16,7 +16,7 @@ from embodied_bus.actions.policy import DEFAULT_RETRY, PermanentFailure, RetryPo
 from embodied_bus.actions.service import EXECUTOR_GROUP, SERVICE
 from embodied_bus.bus import Bus
 from embodied_bus.engines._blocking import resolve_none
-from embodied_bus.errors import BusConnectionError
+from embodied_bus.errors import BusClosedError, BusConnectionError
 from embodied_bus.security.signing import ActionRejected, Verifier
 
 if TYPE_CHECKING:  # pulsar-client is optional: imported when a Pulsar bus is used
@@ -397,7 +397,13 @@ class Executor:
             self._wake_fut = None
 
     async def run(self, stop: asyncio.Event) -> None:
-        """Take and run actions until ``stop``; then finish what is running (graceful)."""
+        """Take and run actions until ``stop``; then finish what is running (graceful).
+
+        Raises:
+            BusClosedError: The executor's bus was closed while it ran (stop the executor
+                first, then close its bus): it stopped taking work at once, and the actions it
+                was running go back to the queue (redelivered to another executor).
+        """
         kinds = sorted(self.handlers)
         loop = asyncio.get_running_loop()
 
@@ -435,6 +441,11 @@ class Executor:
             }
         try:
             while not stop.is_set():
+                if self.bus.closed:  # the program closed the bus first: no more work, no acks
+                    raise BusClosedError(
+                        f"executor {self.name!r}: its bus was closed while it ran; it stopped, and "
+                        f"the {len(running)} action(s) it was running go back to the queue"
+                    )
                 if len(running) >= self.concurrency:
                     await asyncio.wait(running, return_when=asyncio.FIRST_COMPLETED)
                     continue

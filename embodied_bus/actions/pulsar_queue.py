@@ -621,7 +621,7 @@ class StateLog:
     async def close(self) -> None:
         for h in (self._reader, self._producer, self._tail):
             if h is not None:
-                await close_handle(h)
+                await close_handle(h, self._engine)
 
 
 def _record(key: str, event: str, data: bytes) -> bytes:
@@ -859,8 +859,9 @@ class _LoopInbox:
 class _Producers:
     """Producers created on first use (thread-safe), closed together."""
 
-    def __init__(self, client: Any, *, limit: int | None = None, **options: Any) -> None:
-        self._client = client
+    def __init__(self, engine: PulsarEngine, *, limit: int | None = None, **options: Any) -> None:
+        self._engine = engine
+        self._client = engine.client
         self._options = options
         self._limit = limit
         self._open: OrderedDict[str, Any] = OrderedDict()
@@ -886,7 +887,7 @@ class _Producers:
 
     async def close(self) -> None:
         for p in self._open.values():
-            await close_handle(p)
+            await close_handle(p, self._engine)
         self._open.clear()
 
 
@@ -917,7 +918,7 @@ class _Replies:
     def __init__(self, engine: PulsarEngine) -> None:
         self._engine = engine
         self._users = 0
-        self._producers = _Producers(engine.client, limit=REPLY_PRODUCERS, block_if_queue_full=False)
+        self._producers = _Producers(engine, limit=REPLY_PRODUCERS, block_if_queue_full=False)
         self._pending: dict[str, list[bytes]] = {}  # topic -> records not sent yet
         self._in_flight: set[str] = set()  # topics with a message being sent
         self._tasks: set[asyncio.Future[None]] = set()
@@ -1002,7 +1003,7 @@ class PulsarActionQueue:
         self.state = StateLog.acquire(engine, self.topics)
         self.name = uuid.uuid4().hex[:12]
         self._client = engine.client
-        self._producers = _Producers(engine.client, block_if_queue_full=True)
+        self._producers = _Producers(engine, block_if_queue_full=True)
         self._replies_out = _Replies.acquire(engine)
         self._started = False
         self._closed = False
@@ -1082,7 +1083,7 @@ class PulsarActionQueue:
         handles = [*self._consumers.values(), self._reply_consumer]
         for h in handles:
             if h is not None:
-                await close_handle(h)
+                await close_handle(h, self.engine)
         await self._producers.close()
         await self._replies_out.release()
         await self.state.release()

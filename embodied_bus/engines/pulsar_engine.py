@@ -583,12 +583,17 @@ def _resolve(fut: asyncio.Future[None]) -> None:
 CLOSE_TIMEOUT_S = 5.0
 
 
-async def close_handle(handle: Any) -> None:
+async def close_handle(handle: Any, engine: PulsarEngine | None = None) -> None:
     """Close a Pulsar client, producer, consumer or reader, bounded by :data:`CLOSE_TIMEOUT_S`.
 
     Errors (already closed, broker gone) and a close that does not finish are logged at debug level
-    and otherwise ignored: the caller is shutting down.
+    and otherwise ignored: the caller is shutting down. With the ``engine`` the handle belongs
+    to, nothing is done once that engine is closed: closing its client closed the handle, and
+    closing it again only makes the C++ client log an error (e.g. an executor that stops after
+    its bus was closed under it).
     """
+    if engine is not None and engine.closed:
+        return
     try:
         await call_bounded(handle.close, CLOSE_TIMEOUT_S, name="eb-pulsar-close")
     except (pulsar.PulsarException, TimeoutError, ValueError) as err:  # ValueError: closed before
@@ -630,6 +635,8 @@ class _PulsarGroup(GroupMembership):
                     self._saw(member, value, state != "left")
             except pulsar.Timeout:
                 pass
+            except pulsar.AlreadyClosed:
+                return  # the consumer or the whole client was closed: nothing more will come
             except pulsar.PulsarException as err:
                 if self._stop.is_set():
                     return
@@ -660,11 +667,14 @@ class _PulsarGroup(GroupMembership):
     def _beat(self) -> None:
         assert self._me is not None
         member, value = self._me
-        while not self._stop.wait(GROUP_HEARTBEAT_S):
+        # a closed client takes sends without complaint (and without sending): stop beating
+        while not self._stop.wait(GROUP_HEARTBEAT_S) and not self._engine.closed:
             try:
                 self._producer.send_async(
                     b"", None, properties={"member": member, "value": value, "state": "alive"}
                 )
+            except pulsar.AlreadyClosed:
+                return  # the client was closed: this member is gone
             except pulsar.PulsarException as err:
                 _logger.warning("group heartbeat send failed: %s", err)
 
@@ -698,10 +708,10 @@ class _PulsarGroup(GroupMembership):
                 pass  # the client is closed already, and with it this producer
             else:
                 await asyncio.to_thread(sent.wait, 2.0)
-                await close_handle(self._producer)
+                await close_handle(self._producer, self._engine)
         for t in self._threads:
             await asyncio.to_thread(t.join, 2.0)
-        await close_handle(self._consumer)
+        await close_handle(self._consumer, self._engine)
 
 
 def _group_topic(settings: PulsarSettings, group: str) -> str:
@@ -876,6 +886,11 @@ class PulsarEngine(Engine):
         except pulsar.PulsarException as err:
             raise BusConnectionError(f"cannot watch group {group!r} on Pulsar: {err}") from err
         return _PulsarGroup(self, group, on_change, consumer)
+
+    @property
+    def closed(self) -> bool:
+        """Whether :meth:`close` was called (the client, and every handle of it, is closed)."""
+        return self._closed
 
     async def close(self) -> None:
         if not self._closed:
