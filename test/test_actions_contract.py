@@ -828,3 +828,34 @@ async def test_an_executor_whose_bus_is_closed_under_it_stops_with_a_clear_error
     assert not stop.is_set()
     logged = capfd.readouterr().err + caplog.text
     assert "Failed to close" not in logged and "heartbeat receive failed" not in logged, logged
+
+
+async def test_the_zenoh_queue_service_deletes_ended_actions_beyond_its_bound_and_serves_the_rest(
+    tmp_path: Path,
+) -> None:
+    from embodied_bus.actions import ActionStore
+
+    db = tmp_path / "queue.db"
+    store = ActionStore(db, FAST)
+    old = [a for a, _ in store.submit_many([Action("pick") for _ in range(4)])]
+    for a in old:
+        store.cancel(a.id)
+    store.close()
+    url_a, url_b = zenoh_urls()
+    ns = "prune" + uuid.uuid4().hex[:8]
+    stop, ready = asyncio.Event(), asyncio.Event()
+    async with open_bus(url_a, namespace=ns) as svc_bus, open_bus(url_b, namespace=ns) as bus:
+        service = QueueService(svc_bus, db, FAST, keep_ended=1)
+        task = asyncio.create_task(service.run(stop, ready))
+        await ready.wait()
+        await wait_until(lambda: service.store.pruned == 3, 10, "the excess deleted at start")
+        planner = Planner(bus, policy=FAST)
+        try:
+            assert [await planner.get(a.id) for a in old[:3]] == [None] * 3
+            kept = await planner.get(old[3].id)
+            assert kept is not None and kept.status is ActionStatus.CANCELED
+            assert (await planner.backlog())["stats"] == {"canceled": 1}
+        finally:
+            await planner.close()
+            stop.set()
+            await task

@@ -143,6 +143,54 @@ def test_backlog_counts_per_kind_priority_and_state(store: ActionStore) -> None:
     assert store.backlog() == {"pick/p2": {"queued": 2, "leased": 1, "retrying": 0, "dead": 0}}
 
 
+def test_pruning_keeps_the_newest_ended_actions_and_everything_still_open_or_dead(tmp_path: Path) -> None:
+    store = ActionStore(tmp_path / "q.db", policy=FAST, keep_ended=3)
+    done = []
+    for i in range(8):  # ended: succeeded, every third canceled while queued
+        a, _ = store.submit(Action("pick", idempotency_key=f"goal-{i}"))
+        if i % 3 == 2:
+            store.cancel(a.id)
+        else:
+            leased = store.lease("ex", ["pick"])
+            assert leased is not None and leased.id == a.id
+            store.ack(a.id, "ex", result=i)
+        done.append(a.id)
+    dead, _ = store.submit(Action("pick"))
+    assert store.lease("ex", ["pick"]) is not None
+    store.nack(dead.id, "ex", "no gripper", permanent=True)
+    running, _ = store.submit(Action("pick"))
+    assert store.lease("ex", ["pick"]) is not None
+    queued, _ = store.submit(Action("pick"))
+    assert store.prune() == 5 and store.pruned == 5
+    assert [store.get(i) is not None for i in done] == [False] * 5 + [True] * 3  # newest 3 kept
+    assert store.get(dead.id).status is ActionStatus.DEAD  # type: ignore[union-attr]
+    assert store.get(queued.id).status is ActionStatus.QUEUED  # type: ignore[union-attr]
+    assert store.get(running.id).status is ActionStatus.RUNNING  # type: ignore[union-attr]
+    assert store.prune() == 0  # nothing beyond the bound any more
+    again, new = store.submit(Action("pick", idempotency_key="goal-0"))
+    assert new and again.id != done[0]  # a pruned action's idempotency key is free again
+    kept, new = store.submit(Action("pick", idempotency_key="goal-7"))
+    assert not new and kept.id == done[7]
+    store.close()
+
+
+def test_pruning_a_large_excess_goes_in_bounded_transactions(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from embodied_bus.actions import store as store_module
+
+    monkeypatch.setattr(store_module, "PRUNE_CHUNK", 7)
+    store = ActionStore(tmp_path / "q.db", policy=FAST, keep_ended=0)
+    handles = store.submit_many([Action("pick") for _ in range(30)])
+    for a, _ in handles:
+        store.cancel(a.id)
+    assert store.prune() == 30
+    assert store.backlog() == {} and store.stats() == {}
+    with pytest.raises(ValueError, match="keep_ended"):
+        ActionStore(tmp_path / "r.db", keep_ended=-1)
+    store.close()
+
+
 def test_an_acknowledged_submit_survives_kill_9(tmp_path: Path) -> None:
     db = tmp_path / "q.db"
     code = (

@@ -28,12 +28,14 @@ def test_unknown_bus_scheme_exits_with_a_clear_error() -> None:
     assert "unknown bus URL scheme 'mqtt'" in out.stderr
 
 
-def test_an_executor_with_a_prefetch_below_one_is_refused_by_name() -> None:
+def test_an_executor_prefetch_below_one_or_a_negative_queue_bound_is_refused_by_name() -> None:
     out = run("executor", "--handlers", "action_handlers:HANDLERS", "--prefetch", "0")
     assert out.returncode == 2
     assert "--prefetch: must be at least 1, got 0" in out.stderr
     out = run("executor", "--handlers", "action_handlers:HANDLERS", "--concurrency", "two")
     assert out.returncode == 2 and "--concurrency: not a whole number: 'two'" in out.stderr
+    out = run("queue", "--keep-ended", "-1")
+    assert out.returncode == 2 and "--keep-ended: must be at least 0, got -1" in out.stderr
 
 
 def test_echo_prints_header_fields_of_samples_from_pub() -> None:

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
 import sqlite3
 import threading
 import time
@@ -37,11 +38,13 @@ from embodied_bus.actions.model import (
     decode_action,
 )
 from embodied_bus.actions.policy import DEFAULT_RETRY, RetryPolicy
-from embodied_bus.actions.store import ActionStore
+from embodied_bus.actions.store import DEFAULT_KEEP_ENDED, ActionStore
 from embodied_bus.bus import Bus
 from embodied_bus.model.limits import DEFAULT_LIMITS
 
 __all__ = ["EXECUTOR_GROUP", "SERVICE", "QueueService"]
+
+_log = logging.getLogger("embodied_bus.actions.service")
 
 #: Request/reply service name.
 SERVICE = "actions"
@@ -49,6 +52,9 @@ SERVICE = "actions"
 EXECUTOR_GROUP = "actions-executors"
 #: How often expired leases are swept, seconds.
 SWEEP_S = 0.2
+#: How often ended actions beyond the store's ``keep_ended`` are deleted, seconds (and once at
+#: start).
+PRUNE_S = 60.0
 #: Largest request accepted, bytes (a batch of submits included).
 MAX_REQUEST_BYTES = 16 * 1024 * 1024
 
@@ -68,11 +74,21 @@ class QueueService:
         bus: The bus to serve on (Zenoh).
         db_path: SQLite file (WAL, fsync on commit).
         policy: Retry policy.
+        keep_ended: Ended actions (succeeded or canceled) kept for planners that look them up
+            later: the newest this many by submit order; older ones are deleted every
+            :data:`PRUNE_S` seconds (dead letters stay until requeued or purged).
     """
 
-    def __init__(self, bus: Bus, db_path: str | Path, policy: RetryPolicy = DEFAULT_RETRY) -> None:
+    def __init__(
+        self,
+        bus: Bus,
+        db_path: str | Path,
+        policy: RetryPolicy = DEFAULT_RETRY,
+        *,
+        keep_ended: int = DEFAULT_KEEP_ENDED,
+    ) -> None:
         self.bus = bus
-        self.store = ActionStore(db_path, policy)
+        self.store = ActionStore(db_path, policy, keep_ended=keep_ended)
         self._lock = threading.Lock()
         self._live: set[str] = set()
         self._handle: Any = None
@@ -341,8 +357,16 @@ class QueueService:
         group = await self.bus.engine.watch_group(EXECUTOR_GROUP, self._executor_change)
         if ready is not None:
             ready.set()
+        next_prune = time.monotonic()
         try:
             while not stop.is_set():
+                if time.monotonic() >= next_prune:
+                    next_prune = time.monotonic() + PRUNE_S
+                    with self._lock:
+                        pruned = self.store.prune()
+                    if pruned:
+                        keep = self.store.keep_ended
+                        _log.info("deleted %d ended action(s) beyond the newest %d", pruned, keep)
                 try:
                     await asyncio.wait_for(stop.wait(), SWEEP_S)
                 except TimeoutError:

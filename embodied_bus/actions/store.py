@@ -26,7 +26,7 @@ from embodied_bus.actions.model import (
 )
 from embodied_bus.actions.policy import DEFAULT_RETRY, RetryPolicy
 
-__all__ = ["ActionStore"]
+__all__ = ["DEFAULT_KEEP_ENDED", "ActionStore"]
 
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS actions (
@@ -44,7 +44,17 @@ CREATE TABLE IF NOT EXISTS actions (
 );
 CREATE INDEX IF NOT EXISTS ready ON actions(status, priority DESC, seq);
 CREATE INDEX IF NOT EXISTS deadlines ON actions(deadline_ns) WHERE deadline_ns > 0;
+CREATE INDEX IF NOT EXISTS submitted ON actions(seq);
 """
+#: Ended actions (succeeded or canceled) a store keeps by default: the newest by submit order
+#: (as many as a Pulsar state-log view keeps in memory, ``VIEW_ENDED_LIMIT``). Dead letters
+#: are kept until requeued or purged. Without a bound a robot's queue file grows for good
+#: (10 actions/s fill 26 million rows a month).
+DEFAULT_KEEP_ENDED = 100_000
+#: Most rows one pruning transaction deletes (a larger excess goes in several, so the queue
+#: is never held up for long).
+PRUNE_CHUNK = 5_000
+_PRUNABLE = (ActionStatus.SUCCEEDED.value, ActionStatus.CANCELED.value)
 _READY = (ActionStatus.QUEUED.value, ActionStatus.RETRYING.value)
 
 
@@ -60,9 +70,16 @@ class ActionStore:
         policy: Retry policy applied on nack and lost leases.
     """
 
-    def __init__(self, path: str | Path, policy: RetryPolicy = DEFAULT_RETRY) -> None:
+    def __init__(
+        self, path: str | Path, policy: RetryPolicy = DEFAULT_RETRY, *, keep_ended: int = DEFAULT_KEEP_ENDED
+    ) -> None:
+        if keep_ended < 0:
+            raise ValueError(f"keep_ended must be >= 0, got {keep_ended}")
         self.path = str(path)
         self.policy = policy
+        self.keep_ended = keep_ended
+        #: Ended actions deleted by :meth:`prune` so far (this process).
+        self.pruned = 0
         self._db = sqlite3.connect(self.path, isolation_level=None, check_same_thread=False)
         self._db.execute("PRAGMA journal_mode=WAL")
         self._db.execute("PRAGMA synchronous=FULL")
@@ -499,6 +516,33 @@ class ActionStore:
         """Delete the dead-letter queue; returns how many were removed."""
         cur = self._db.execute("DELETE FROM actions WHERE status=?", (ActionStatus.DEAD.value,))
         return cur.rowcount
+
+    def prune(self) -> int:
+        """Delete the oldest ended actions (succeeded or canceled, by submit order) beyond the
+        newest :attr:`keep_ended`, in transactions of at most :data:`PRUNE_CHUNK` rows. A
+        planner asking for a deleted action gets None, and its idempotency key is free again.
+
+        Returns:
+            How many were deleted.
+        """
+        (ended,) = self._db.execute(
+            "SELECT COUNT(*) FROM actions WHERE status IN (?, ?)", _PRUNABLE
+        ).fetchone()
+        excess = int(ended) - self.keep_ended
+        deleted = 0
+        while excess > 0:
+            with self._tx(durable=False) as db:
+                n = db.execute(
+                    "DELETE FROM actions WHERE id IN (SELECT id FROM actions WHERE status IN (?, ?) "
+                    "ORDER BY seq LIMIT ?)",
+                    (*_PRUNABLE, min(excess, PRUNE_CHUNK)),
+                ).rowcount
+            if n <= 0:
+                break
+            deleted += n
+            excess -= n
+        self.pruned += deleted
+        return deleted
 
     def backlog(self) -> dict[str, dict[str, int]]:
         """Counts per ``kind/priority`` and state (queued, leased, retrying, dead), for autoscalers."""

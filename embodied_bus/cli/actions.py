@@ -13,6 +13,7 @@ from typing import Any
 from embodied_bus.actions import DEFAULT_RETRY, ActionError, Executor, Planner, QueueService, RetryPolicy
 from embodied_bus.actions.model import executors_with
 from embodied_bus.actions.service import EXECUTOR_GROUP
+from embodied_bus.actions.store import DEFAULT_KEEP_ENDED
 from embodied_bus.bus import open_bus
 from embodied_bus.cli.common import add_bus_args, fmt_table, install_stop_signals
 from embodied_bus.errors import BusConfigError
@@ -33,6 +34,14 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-a
         type=float,
         default=DEFAULT_RETRY.initial_backoff_s,
         help="delay after the first failure, seconds (doubles per failure, with jitter)",
+    )
+    p.add_argument(
+        "--keep-ended",
+        type=_at_least_zero,
+        default=DEFAULT_KEEP_ENDED,
+        metavar="N",
+        help=f"ended actions (succeeded, canceled) kept for planners that look them up later: the "
+        f"newest N; older ones are deleted (default {DEFAULT_KEEP_ENDED}; dead letters stay until purged)",
     )
     p.set_defaults(func=run_queue)
 
@@ -124,22 +133,33 @@ async def run_queue(args: argparse.Namespace) -> int:
             max_backoff_s=max(args.backoff, DEFAULT_RETRY.max_backoff_s),
             jitter=DEFAULT_RETRY.jitter if args.backoff else 0.0,
         )
-        task = asyncio.create_task(QueueService(bus, args.db, policy).run(stop, ready))
+        service = QueueService(bus, args.db, policy, keep_ended=args.keep_ended)
+        task = asyncio.create_task(service.run(stop, ready))
         await ready.wait()
         print(f"action queue serving on {args.bus} (db {args.db})", flush=True)
         await task
     return 0
 
 
-def _at_least_one(text: str) -> int:
-    """An argparse type: an integer >= 1."""
+def _at_least(low: int, text: str) -> int:
+    """An integer >= ``low``, or an argparse error naming what was wrong."""
     try:
         value = int(text)
     except ValueError:
         raise argparse.ArgumentTypeError(f"not a whole number: {text!r}") from None
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"must be at least 1, got {value}")
+    if value < low:
+        raise argparse.ArgumentTypeError(f"must be at least {low}, got {value}")
     return value
+
+
+def _at_least_zero(text: str) -> int:
+    """An argparse type: an integer >= 0."""
+    return _at_least(0, text)
+
+
+def _at_least_one(text: str) -> int:
+    """An argparse type: an integer >= 1."""
+    return _at_least(1, text)
 
 
 async def run_executor(args: argparse.Namespace) -> int:
