@@ -2,19 +2,27 @@
 
 Values are read from the live objects (subscription statistics, fusion metrics) when Prometheus
 scrapes, through a custom collector: nothing is counted twice and nothing runs on the hot path.
+
+``embodied-bus actions --metrics-port`` also serves the action backlog as JSON on ``/backlog``,
+for autoscalers that read a JSON value over HTTP (KEDA's ``metrics-api`` scaler).
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
+import json
+from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 
-__all__ = ["MetricsExporter"]
+__all__ = ["BACKLOG_PATH", "MetricsExporter"]
+
+
+#: Path of the JSON backlog (:meth:`MetricsExporter.add_actions`).
+BACKLOG_PATH = "/backlog"
 
 
 class MetricsExporter:
-    """Serves ``/metrics`` on a port; register sources with :meth:`add_streams` and
-    :meth:`add_fusion`.
+    """Serves ``/metrics`` on a port; register sources with :meth:`add_streams`,
+    :meth:`add_fusion` and :meth:`add_actions` (which also serves :data:`BACKLOG_PATH`).
 
     Args:
         port: TCP port (0 picks a free one; see :attr:`port`).
@@ -26,9 +34,22 @@ class MetricsExporter:
 
         self._stream_sources: list[Callable[[], list[dict[str, Any]]]] = []
         self._fusion_sources: list[Callable[[], dict[str, Any]]] = []
+        self._actions_source: Callable[[], dict[str, Any]] | None = None
         self.registry = CollectorRegistry(auto_describe=False)
         self.registry.register(self)  # type: ignore[arg-type]
         self._server, self._thread = start_http_server(port, addr=addr, registry=self.registry)
+        prometheus_app = self._server.get_app()
+
+        def app(environ: dict[str, Any], start_response: Callable[..., Any]) -> Iterable[bytes]:
+            source = self._actions_source
+            if environ.get("PATH_INFO") == BACKLOG_PATH and source is not None:
+                body = json.dumps(source()).encode()
+                start_response("200 OK", [("Content-Type", "application/json")])
+                return [body]
+            assert prometheus_app is not None
+            return prometheus_app(environ, start_response)  # type: ignore[no-any-return]
+
+        self._server.set_app(app)
         self.port = self._server.server_port
 
     def add_streams(self, source: Callable[[], list[dict[str, Any]]]) -> None:
@@ -38,6 +59,43 @@ class MetricsExporter:
     def add_fusion(self, source: Callable[[], dict[str, Any]]) -> None:
         """A callable returning ``FusionWorker.summary()``."""
         self._fusion_sources.append(source)
+
+    def add_actions(self, source: Callable[[], dict[str, Any]]) -> None:
+        """A callable returning the action view of ``embodied-bus actions`` (``backlog`` per
+        ``kind/p<priority>``, ``kinds``, ``totals``, ``redeliveries``): exported as gauges and
+        served as JSON on :data:`BACKLOG_PATH`. Called on the server's thread: return a
+        snapshot, do not wait on the bus."""
+        self._actions_source = source
+
+    def _collect_actions(self) -> Iterator[Any]:
+        from prometheus_client.core import GaugeMetricFamily
+
+        source = self._actions_source
+        if source is None:
+            return
+        view = source()
+        backlog = GaugeMetricFamily(
+            "embodied_bus_actions",
+            "actions per kind, priority and state (queued, leased, retrying, dead)",
+            labels=["kind", "priority", "state"],
+        )
+        for key, row in sorted(view.get("backlog", {}).items()):
+            kind, _, prio = key.rpartition("/p")
+            for state, n in row.items():
+                backlog.add_metric([kind, prio, state], float(n))
+        totals = GaugeMetricFamily(
+            "embodied_bus_actions_kept", "actions the queue keeps per status", labels=["status"]
+        )
+        for status, n in sorted(view.get("totals", {}).items()):
+            totals.add_metric([status], float(n))
+        yield backlog
+        yield totals
+        if view.get("redeliveries") is not None:
+            yield GaugeMetricFamily(
+                "embodied_bus_actions_redeliveries",
+                "attempts started on actions started before",
+                value=float(view["redeliveries"]),
+            )
 
     def collect(self) -> Iterator[Any]:
         """Prometheus collector protocol."""
@@ -89,6 +147,7 @@ class MetricsExporter:
                 if summary.get(k) is not None:
                     fam.add_metric([], float(summary[k]))
         yield from fams.values()
+        yield from self._collect_actions()
 
     def close(self) -> None:
         """Stop serving."""

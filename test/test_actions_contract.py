@@ -329,7 +329,8 @@ async def test_a_dead_letter_is_requeued_with_a_fresh_budget_then_purged(rig: Ri
     other = await rig.planner.submit("pick", "b", deadline_s=30)
     assert (await other.result(timeout_s=10)).status is ActionStatus.DEAD
     backlog = await rig.planner.backlog()
-    assert backlog["backlog"]["pick/p0"]["dead"] == 2
+    assert backlog["backlog"]["pick/p0"] == {"queued": 0, "leased": 0, "retrying": 0, "dead": 2}
+    assert backlog["redeliveries"] == 4  # the 2nd and 3rd attempts of both
     fixed.set()
     await rig.planner._call({"op": "dlq", "what": "requeue", "id": poison.id})
     again = await poison.result(timeout_s=10)

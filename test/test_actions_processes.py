@@ -8,12 +8,14 @@ import os
 import signal
 import subprocess
 import sys
+import urllib.request
 from pathlib import Path
 
 import pytest
 
 from embodied_bus import open_bus
 from embodied_bus.actions import ActionStatus, Planner, QueueService, RetryPolicy
+from embodied_bus.testing.ports import free_port
 
 from conftest import wait_until, zenoh_urls
 
@@ -163,6 +165,30 @@ def test_send_and_dlq_commands_show_results_and_dead_letters(
             [*CLI, "dlq", "list", "--bus", port_url, "--ns", ns], capture_output=True, text=True, timeout=60
         )
         assert "dock" in listing.stdout and "charger not found" in listing.stdout
+        mport = free_port()
+        live = subprocess.Popen(
+            [*CLI, "actions", "--bus", port_url, "--ns", ns, "--json", "--metrics-port", str(mport)],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        try:
+            assert live.stdout is not None
+            first = json.loads(live.stdout.readline())
+            second = json.loads(live.stdout.readline())  # a refresh later: with rates
+            base = f"http://127.0.0.1:{mport}"
+            served = json.loads(urllib.request.urlopen(f"{base}/backlog", timeout=10).read())
+            metrics = urllib.request.urlopen(f"{base}/metrics", timeout=10).read().decode()
+        finally:
+            live.send_signal(signal.SIGINT)
+            live.wait(20)
+        assert first["kinds"]["dock"]["dead"] == 1 and first["dead_letters"] == 1
+        assert first["redeliveries"] >= 1  # dock failed on C, and C, the only executor, retried it
+        assert first["totals"]["succeeded"] == 1 and first["rates"]["ended_per_s"] is None
+        assert second["rates"]["ended_per_s"] == 0 and second["in_flight"] == 0
+        assert served["kinds"]["dock"]["dead"] == 1  # what an autoscaler reads (KEDA metrics-api)
+        assert 'embodied_bus_actions{kind="dock",priority="0",state="dead"} 1.0' in metrics
+        assert 'embodied_bus_actions_kept{status="succeeded"} 1.0' in metrics
         junk = subprocess.run(
             [*CLI, "send", "pick", "--bus", port_url, "--ns", ns, "--payload", "{nope"],
             capture_output=True,

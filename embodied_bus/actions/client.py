@@ -262,7 +262,15 @@ class Planner:
         return action_from_dict(reply["action"]) if reply["action"] else None
 
     async def backlog(self) -> dict[str, Any]:
-        """Queued / leased / retrying / dead counts per kind and priority."""
+        """The queue's backlog, for dashboards and autoscalers.
+
+        Returns:
+            ``backlog``: per ``kind/p<priority>``, the actions queued, leased (running),
+            retrying (waiting for their backoff) and dead (dead letters); ``stats``: how many
+            actions the queue keeps in each status, ended ones included; ``redeliveries``:
+            attempts started on actions that had been started before (Zenoh: since the queue
+            service started; Pulsar: over the actions the state log keeps).
+        """
         return await self._call({"op": "backlog"})
 
     async def dead_letters(self) -> list[Action]:

@@ -1201,14 +1201,19 @@ class PulsarActionQueue:
         await self.state.sync()
         backlog: dict[str, dict[str, int]] = {}
         stats: dict[str, int] = {}
+        redeliveries = 0  # attempts started beyond each action's first, over the kept actions
         for a in self.state.snapshot():
+            stats[a.status.value] = stats.get(a.status.value, 0) + 1
+            started = sum(1 for at in a.attempts if at.executor)  # not an expiry mark
+            redeliveries += max(0, started - 1)
+            if a.status in (ActionStatus.SUCCEEDED, ActionStatus.CANCELED):
+                continue
             name = {"running": "leased"}.get(a.status.value, a.status.value)
             row = backlog.setdefault(
                 f"{a.kind}/p{a.priority}", {"queued": 0, "leased": 0, "retrying": 0, "dead": 0}
             )
-            row[name] = row.get(name, 0) + 1
-            stats[a.status.value] = stats.get(a.status.value, 0) + 1
-        return {"backlog": backlog, "stats": stats}
+            row[name] += 1
+        return {"backlog": backlog, "stats": stats, "redeliveries": redeliveries}
 
     async def _op_dlq(self, req: dict[str, Any]) -> dict[str, Any]:
         what = req.get("what", "list")

@@ -348,7 +348,7 @@ class QueueService:
                 return _ok(purged=s.purge_dead())
             return _err(f"unknown dlq request {what!r}")
         if op == "backlog":
-            return _ok(backlog=s.backlog(), stats=s.stats())
+            return _ok(backlog=s.backlog(), stats=s.stats(), redeliveries=s.redeliveries, pruned=s.pruned)
         return _err(f"unknown request {op!r}")
 
     async def run(self, stop: asyncio.Event, ready: asyncio.Event | None = None) -> None:

@@ -80,6 +80,9 @@ class ActionStore:
         self.keep_ended = keep_ended
         #: Ended actions deleted by :meth:`prune` so far (this process).
         self.pruned = 0
+        #: Attempts started on actions that had been started before (retries after a nack or a
+        #: lost lease), since this store was opened.
+        self.redeliveries = 0
         self._db = sqlite3.connect(self.path, isolation_level=None, check_same_thread=False)
         self._db.execute("PRAGMA journal_mode=WAL")
         self._db.execute("PRAGMA synchronous=FULL")
@@ -312,6 +315,8 @@ class ActionStore:
                     continue
                 if executor not in RetryPolicy.prefer(live, a.executors_tried()):
                     continue
+                if a.attempt_count:
+                    self.redeliveries += 1
                 a.attempts.append(Attempt(a.attempt_count + 1, executor, now))
                 a.status = ActionStatus.RUNNING
                 updates.append(self._update_params(a, lease=(executor, now + int(lease_s * 1e9))))
@@ -548,7 +553,10 @@ class ActionStore:
         """Counts per ``kind/priority`` and state (queued, leased, retrying, dead), for autoscalers."""
         out: dict[str, dict[str, int]] = {}
         for kind, prio, status, n in self._db.execute(
-            "SELECT kind, priority, status, COUNT(*) FROM actions GROUP BY kind, priority, status"
+            # not the ended ones: the index on status keeps this cheap beside a long history
+            "SELECT kind, priority, status, COUNT(*) FROM actions WHERE status IN (?, ?, ?, ?) "
+            "GROUP BY kind, priority, status",
+            (*_READY, ActionStatus.RUNNING.value, ActionStatus.DEAD.value),
         ):
             key = f"{kind}/p{prio}"
             name = {"running": "leased"}.get(status, status)

@@ -15,11 +15,11 @@ from embodied_bus.actions.model import executors_with
 from embodied_bus.actions.service import EXECUTOR_GROUP
 from embodied_bus.actions.store import DEFAULT_KEEP_ENDED
 from embodied_bus.bus import open_bus
-from embodied_bus.cli.common import add_bus_args, fmt_table, install_stop_signals
+from embodied_bus.cli.common import add_bus_args, add_metrics_arg, fmt_table, install_stop_signals
 from embodied_bus.errors import BusConfigError
 from embodied_bus.security import Signer, Verifier, load_allow_list, load_private_key
 
-__all__ = ["add_parsers", "load_handlers"]
+__all__ = ["ActionsView", "add_parsers", "load_handlers"]
 
 
 def add_parsers(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
@@ -92,10 +92,15 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-a
     add_bus_args(p)
     p.set_defaults(func=run_dlq)
 
-    p = sub.add_parser("actions", help="live view of the action backlog")
+    p = sub.add_parser(
+        "actions", help="live view of the action queue: backlog, in flight, rates, redeliveries, dead letters"
+    )
     add_bus_args(p)
-    p.add_argument("--duration", type=float, default=0.0)
-    p.add_argument("--json", action="store_true")
+    p.add_argument(
+        "--duration", type=float, default=0.0, help="stop after this many seconds (default: never)"
+    )
+    p.add_argument("--json", action="store_true", help="print one JSON document per refresh")
+    add_metrics_arg(p)  # also serves the backlog as JSON on /backlog (KEDA's metrics-api scaler)
     p.set_defaults(func=run_actions)
 
 
@@ -294,28 +299,110 @@ async def run_dlq(args: argparse.Namespace) -> int:
     return 0
 
 
+#: The ended statuses counted by the live view's rate.
+_ENDED = ("succeeded", "dead", "canceled")
+
+
+class ActionsView:
+    """What ``embodied-bus actions`` shows, from successive backlog replies
+    (:meth:`Planner.backlog`): transport-free.
+
+    Rates are the change of a count between two replies over the time between them, never
+    below zero (a Zenoh queue service reports what it pruned, so its count of ended actions
+    only grows; a Pulsar state-log view forgets its oldest ended actions past its bound).
+    """
+
+    def __init__(self) -> None:
+        self._last: tuple[float, int, int] | None = None  # (time s, ended, redeliveries)
+
+    def update(self, reply: dict[str, Any], now_s: float) -> dict[str, Any]:
+        """The view of one backlog reply received at ``now_s`` (monotonic seconds)."""
+        backlog: dict[str, dict[str, int]] = reply.get("backlog") or {}
+        totals: dict[str, int] = reply.get("stats") or {}
+        redeliveries = int(reply.get("redeliveries") or 0)
+        ended = sum(int(totals.get(k, 0)) for k in _ENDED) + int(reply.get("pruned") or 0)
+        kinds: dict[str, dict[str, int]] = {}
+        for key, row in backlog.items():
+            kind = key.rpartition("/p")[0] or key
+            into = kinds.setdefault(kind, {"queued": 0, "leased": 0, "retrying": 0, "dead": 0})
+            for state, n in row.items():
+                into[state] = into.get(state, 0) + int(n)
+        rates: dict[str, float | None] = {"ended_per_s": None, "redeliveries_per_s": None}
+        if self._last is not None and now_s > self._last[0]:
+            dt = now_s - self._last[0]
+            rates["ended_per_s"] = round(max(0, ended - self._last[1]) / dt, 2)
+            rates["redeliveries_per_s"] = round(max(0, redeliveries - self._last[2]) / dt, 2)
+        self._last = (now_s, ended, redeliveries)
+        column = {
+            s: sum(r.get(s, 0) for r in backlog.values()) for s in ("queued", "leased", "retrying", "dead")
+        }
+        return {
+            "backlog": backlog,
+            "kinds": kinds,
+            "queued": column["queued"],
+            "in_flight": column["leased"],
+            "retrying": column["retrying"],
+            "dead_letters": column["dead"],
+            "ended": ended,
+            "redeliveries": redeliveries,
+            "rates": rates,
+            "totals": totals,
+        }
+
+    @staticmethod
+    def text(view: dict[str, Any]) -> str:
+        """The view as a table and a summary line."""
+        rows = [{"kind/priority": k, **v} for k, v in sorted(view["backlog"].items())]
+        table = (
+            fmt_table(rows, ["kind/priority", "queued", "leased", "retrying", "dead"])
+            if rows
+            else "no actions"
+        )
+        rates = view["rates"]
+
+        def rate(key: str) -> str:
+            return "" if rates[key] is None else f" ({rates[key]:g}/s)"
+
+        summary = (
+            f"queued {view['queued']}  in flight {view['in_flight']}  retrying {view['retrying']}  "
+            f"dead letters {view['dead_letters']}  ended {view['ended']}{rate('ended_per_s')}  "
+            f"redeliveries {view['redeliveries']}{rate('redeliveries_per_s')}"
+        )
+        return f"{table}\n{summary}"
+
+
 async def run_actions(args: argparse.Namespace) -> int:
+    from embodied_bus.metrics import MetricsExporter
+
     stop = asyncio.Event()
     install_stop_signals(stop)
     t0 = time.monotonic()
-    async with open_bus(args.bus, namespace=args.ns) as bus, Planner(bus) as planner:
-        while not stop.is_set():
-            reply = await planner.backlog()
-            rows = [{"kind/priority": k, **v} for k, v in sorted(reply["backlog"].items())]
-            if args.json:
-                print(json.dumps({"backlog": reply["backlog"], "totals": reply["stats"]}), flush=True)
-            else:
-                print("\x1b[2J\x1b[H" if sys.stdout.isatty() else "", end="")
-                print(
-                    fmt_table(rows, ["kind/priority", "queued", "leased", "retrying", "dead"])
-                    if rows
-                    else "no actions",
-                    flush=True,
-                )
-            if args.duration and time.monotonic() - t0 >= args.duration:
-                break
-            try:
-                await asyncio.wait_for(stop.wait(), 1.0)
-            except TimeoutError:
-                pass
+    view = ActionsView()
+    latest: dict[str, Any] = {}
+    exporter = MetricsExporter(args.metrics_port) if args.metrics_port is not None else None
+    if exporter is not None:
+        exporter.add_actions(lambda: dict(latest))
+        print(
+            f"metrics on :{exporter.port}/metrics, backlog JSON on :{exporter.port}/backlog", file=sys.stderr
+        )
+    try:
+        async with open_bus(args.bus, namespace=args.ns) as bus, Planner(bus) as planner:
+            while not stop.is_set():
+                shown = view.update(await planner.backlog(), time.monotonic())
+                latest.clear()
+                latest.update(shown)
+                if args.json:
+                    print(json.dumps(shown), flush=True)
+                else:
+                    print("\x1b[2J\x1b[H" if sys.stdout.isatty() else "", end="")
+                    print(ActionsView.text(shown), flush=True)
+                if args.duration and time.monotonic() - t0 >= args.duration:
+                    break
+                try:
+                    await asyncio.wait_for(stop.wait(), 1.0)
+                except TimeoutError:
+                    pass
+    finally:
+        if exporter is not None:
+            exporter.close()
     return 0
