@@ -169,7 +169,7 @@ class Executor:
                 await self._ack_batched(req)
             else:
                 await self._call(req)
-        except (ConnectionError, RuntimeError) as err:
+        except (ConnectionError, RuntimeError, BusClosedError) as err:
             self.unreported += 1
             _log.warning("%s of action %s not recorded: %s", req["op"], req["id"], err)
             return False
@@ -226,7 +226,7 @@ class Executor:
             else:
                 reply = await self._call({"op": "ack_many", "acks": [r for r, _ in batch], **extra})
                 answers = reply["answers"]
-        except (ConnectionError, RuntimeError) as err:
+        except (ConnectionError, RuntimeError, BusClosedError) as err:  # every waiter is answered
             for _, answered in batch:
                 answered(str(err))
             return
@@ -263,7 +263,7 @@ class Executor:
                     r = await self._call(
                         {"op": "extend", "id": action.id, "executor": self.name, "lease_s": LEASE_S}
                     )
-                except (ConnectionError, RuntimeError) as err:
+                except (ConnectionError, RuntimeError, BusClosedError) as err:
                     _log.warning("lease on %s lost: %s", action.id, err)
                     return
                 if r.get("cancel_requested"):
@@ -396,6 +396,12 @@ class Executor:
             timer.cancel()
             self._wake_fut = None
 
+    def _closed_under(self) -> BusClosedError:
+        return BusClosedError(
+            f"executor {self.name!r}: its bus was closed while it ran; it stopped, and the "
+            f"{len(self._running)} action(s) it was running go back to the queue"
+        )
+
     async def run(self, stop: asyncio.Event) -> None:
         """Take and run actions until ``stop``; then finish what is running (graceful).
 
@@ -442,10 +448,7 @@ class Executor:
         try:
             while not stop.is_set():
                 if self.bus.closed:  # the program closed the bus first: no more work, no acks
-                    raise BusClosedError(
-                        f"executor {self.name!r}: its bus was closed while it ran; it stopped, and "
-                        f"the {len(running)} action(s) it was running go back to the queue"
-                    )
+                    raise self._closed_under()
                 if len(running) >= self.concurrency:
                     await asyncio.wait(running, return_when=asyncio.FIRST_COMPLETED)
                     continue
@@ -484,10 +487,14 @@ class Executor:
             if self._pulsar is None:
                 try:  # no more pushes; one racing with this still runs below
                     await self._call({"op": "retire", "executor": self.name}, RETIRE_TIMEOUT_S)
-                except (ConnectionError, RuntimeError) as err:  # e.g. the service stopped first
+                except (ConnectionError, RuntimeError, BusClosedError) as err:  # e.g. the service stopped
                     _log.debug("%s could not retire from the queue service: %s", self.name, err)
             while running or self._reports:
                 await asyncio.wait(set(running) | self._reports)
+        except BusClosedError as err:  # a call on the bus found it closed
+            if self.bus.closed:
+                raise self._closed_under() from err
+            raise
         finally:
             stopping.cancel()
             if watcher is not None:

@@ -85,6 +85,9 @@ SENDER_RECHECK_S = 0.5
 #: Allocation policy of the shared-memory pool: collect freed segments, never wait.
 _SHM_ALLOC = zenoh.shm.GarbageCollect()
 _slots_of = itemgetter(2)
+#: How long a request waits past its own timeout for Zenoh to say it is done, seconds (a
+#: session closed under a query never does).
+REQUEST_GRACE_S = 1.0
 #: Samples (header and payload) up to this size that queue up behind a BLOCK publisher's
 #: sender thread go out batched (wire format: a batch attachment); bytes.
 BATCH_ITEM_MAX_BYTES = 16 * 1024
@@ -836,13 +839,23 @@ class ZenohEngine(Engine):
 
             # indirect=False: the two callbacks only hand the answer to the loop, so they run on
             # Zenoh's own thread instead of a Python thread started for every request.
-            self.session.get(
-                key,
-                zenoh.handlers.Callback(on_reply, on_done, indirect=False),
-                payload=payload,
-                timeout=budget_s,
-            )
-            return await fut
+            try:
+                self.session.get(
+                    key,
+                    zenoh.handlers.Callback(on_reply, on_done, indirect=False),
+                    payload=payload,
+                    timeout=budget_s,
+                )
+            except zenoh.ZError as err:
+                self._check()  # closed meanwhile: BusClosedError
+                raise BusConnectionError(f"zenoh query {key!r} failed: {err}") from err
+            # bounded here too: a session closed while the query runs never calls on_done
+            try:
+                async with asyncio.timeout(budget_s + REQUEST_GRACE_S):
+                    return await fut
+            except TimeoutError:
+                self._check()
+                return None
 
         # Right after connecting, the service may not be routed yet and a query returns at once
         # with no reply: ask again until the timeout.
