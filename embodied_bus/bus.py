@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Generator, Sequence
+import logging
+from collections.abc import Callable, Generator, Sequence
 from typing import Any
 
 from embodied_bus.engines import Engine, open_engine, parse_bus_url
@@ -31,6 +32,7 @@ class Bus:
         self._publishers: list[Publisher] = []
         self._subscriptions: list[Subscription] = []
         self._closed = False
+        self._on_close: list[Callable[[], None]] = []
 
     @property
     def engine_name(self) -> str:
@@ -41,6 +43,16 @@ class Bus:
     def closed(self) -> bool:
         """Whether :meth:`close` was called."""
         return self._closed
+
+    def add_close_callback(self, fn: Callable[[], None]) -> None:
+        """Call ``fn()`` (on the event loop) when :meth:`close` starts, e.g. to fail what waits
+        on this bus; an error it raises is logged."""
+        self._on_close.append(fn)
+
+    def remove_close_callback(self, fn: Callable[[], None]) -> None:
+        """Forget a callback of :meth:`add_close_callback` (no error if it is not there)."""
+        if fn in self._on_close:
+            self._on_close.remove(fn)
 
     def _check(self) -> None:
         if self._closed:
@@ -111,6 +123,12 @@ class Bus:
         if self._closed:
             return
         self._closed = True
+        callbacks, self._on_close = self._on_close, []
+        for fn in callbacks:
+            try:
+                fn()
+            except Exception:
+                logging.getLogger("embodied_bus").exception("a close callback of bus %r failed", self.url)
         try:
             for pub in self._publishers:
                 await pub.close()

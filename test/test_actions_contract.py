@@ -42,6 +42,7 @@ class Rig:
         self.tasks: list[asyncio.Task[None]] = []
         self.members: dict[str, bool] = {}
         self.service: QueueService | None = None
+        self.url = self.namespace = ""  # where a test opens more buses
 
     async def executors_up(self, n: int) -> None:
         await wait_until(lambda: sum(self.members.values()) >= n, 20, f"{n} executors announced")
@@ -75,6 +76,7 @@ async def rig(request: pytest.FixtureRequest, tmp_path: Path) -> AsyncIterator[R
     ex_bus = await open_bus(url_b, namespace=ns)
     planner = Planner(plan_bus, policy=FAST)
     rig = Rig(str(request.param), planner, ex_bus, stop)
+    rig.url, rig.namespace = url_b, ns
     if request.param == "zenoh":
         rig.service = service
     group = await plan_bus.engine.watch_group(
@@ -860,3 +862,28 @@ async def test_the_zenoh_queue_service_deletes_ended_actions_beyond_its_bound_an
             await planner.close()
             stop.set()
             await task
+
+
+async def test_what_a_planner_awaits_fails_with_a_clear_error_when_it_or_its_bus_closes(rig: Rig) -> None:
+    bus = await open_bus(rig.url, namespace=rig.namespace)
+    planner = Planner(bus, policy=FAST)
+    first = await planner.submit("unheard_of")  # no executor runs it: it stays queued
+    result = asyncio.create_task(first.result())  # no timeout: it must not wait for good
+    feedback = asyncio.create_task(anext(aiter(first.feedback())))
+    await wait_until(lambda: bool(planner._waiters) and bool(planner._feedback_stops), 10, "waiting")
+    await bus.close()
+    with pytest.raises(BusClosedError, match=f"no result for action {first.id}: its bus was closed"):
+        await asyncio.wait_for(result, 10)
+    with pytest.raises(BusClosedError, match="receiving feedback: its bus was closed"):
+        await asyncio.wait_for(feedback, 10)
+    with pytest.raises(BusClosedError, match="its bus was closed"):
+        await first.result(timeout_s=5)  # asked afterwards: at once, not after the timeout
+    await planner.close()
+    # the action went on in the queue: an open planner sees it
+    assert (await rig.planner.get(first.id)).status is ActionStatus.QUEUED  # type: ignore[union-attr]
+    second = await rig.planner.submit("unheard_of")
+    waiting = asyncio.create_task(second.result())
+    await wait_until(lambda: second.id in rig.planner._waiters, 10, "waiting")
+    await rig.planner.close()
+    with pytest.raises(BusClosedError, match="the planner was closed"):
+        await asyncio.wait_for(waiting, 10)

@@ -7,7 +7,7 @@ import heapq
 import itertools
 import json
 from collections import OrderedDict
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Callable, Sequence
 from typing import Any
 
 from embodied_bus.actions.model import (
@@ -21,7 +21,7 @@ from embodied_bus.actions.model import (
 from embodied_bus.actions.policy import DEFAULT_RETRY, RetryPolicy
 from embodied_bus.actions.service import SERVICE
 from embodied_bus.bus import Bus
-from embodied_bus.errors import BusConnectionError
+from embodied_bus.errors import BusClosedError, BusConnectionError
 from embodied_bus.security.signing import Signer
 
 __all__ = ["ActionHandle", "Planner"]
@@ -84,6 +84,10 @@ class Planner:
         self._deadlines: list[tuple[float, int, asyncio.Future[Action]]] = []
         self._deadline_seq = itertools.count()
         self._deadline_timer: asyncio.TimerHandle | None = None
+        # feedback streams running: each ends with an error when the planner or its bus closes
+        self._feedback_stops: set[Callable[[BaseException], None]] = set()
+        self._gone: str | None = None  # why results can no longer come (closed)
+        bus.add_close_callback(self._bus_closed)
 
     async def __aenter__(self) -> Planner:
         return self
@@ -91,8 +95,26 @@ class Planner:
     async def __aexit__(self, *exc: object) -> None:
         await self.close()
 
+    def _bus_closed(self) -> None:
+        self._fail_waiters("its bus was closed")
+
+    def _fail_waiters(self, why: str) -> None:
+        """Nothing can arrive any more: every awaited result and feedback stream fails with a
+        :class:`BusClosedError` that says so."""
+        self._gone = why
+        waiters, self._waiters = self._waiters, {}
+        for action_id, futs in waiters.items():
+            for fut in futs:
+                if not fut.done():
+                    fut.set_exception(_closed_error(action_id, why))
+        for stop in list(self._feedback_stops):
+            stop(BusClosedError(f"the planner stopped receiving feedback: {why}"))
+
     async def close(self) -> None:
-        """Stop listening for results (and release the Pulsar reply topic and state reader)."""
+        """Stop listening for results (and release the Pulsar reply topic and state reader).
+        Results still awaited fail with :class:`BusClosedError`."""
+        self.bus.remove_close_callback(self._bus_closed)
+        self._fail_waiters("the planner was closed")
         if self._poller is not None:
             self._poller.cancel()
         if self._deadline_timer is not None:
@@ -188,7 +210,7 @@ class Planner:
             for i in range(0, len(ids), POLL_BATCH):
                 try:
                     reply = await self._call({"op": "get_many", "ids": ids[i : i + POLL_BATCH]})
-                except (ActionError, BusConnectionError):
+                except (ActionError, BusConnectionError, BusClosedError):
                     break
                 for env in reply.get("done", []):
                     self._settle(str(env["id"]), env)
@@ -287,6 +309,13 @@ class _ResultTimeout(Exception):
     """An awaited result did not come in time (turned into :class:`TimeoutError`)."""
 
 
+def _closed_error(action_id: str, why: str) -> BusClosedError:
+    return BusClosedError(
+        f"no result for action {action_id}: {why} before it ended (it goes on in the queue; "
+        f"look it up with Planner.get from an open bus)"
+    )
+
+
 def _expire(fut: asyncio.Future[Action]) -> None:
     if not fut.done():
         fut.set_exception(_ResultTimeout())
@@ -320,9 +349,11 @@ class ActionHandle:
             TimeoutError: It did not end within ``timeout_s`` seconds.
         """
         p = self.planner
-        await p._ensure_results_sub()
         if self.id in p._results:
             return p._results[self.id]
+        if p._gone is not None:
+            raise _closed_error(self.id, p._gone)
+        await p._ensure_results_sub()
         loop = asyncio.get_running_loop()
         fut: asyncio.Future[Action] = loop.create_future()
         p._waiters.setdefault(self.id, []).append(fut)
@@ -350,6 +381,9 @@ class ActionHandle:
         q: asyncio.Queue[Any] = asyncio.Queue()
         loop = asyncio.get_running_loop()
         end = object()
+        planner = self.planner
+        if planner._gone is not None:
+            raise BusClosedError(f"the planner receives no feedback: {planner._gone}")
 
         def on_fb(_topic: str, payload: Any) -> None:  # bytes (Zenoh) or parsed JSON (Pulsar)
             if isinstance(payload, bytes):
@@ -379,10 +413,14 @@ class ActionHandle:
                 for s in subs:
                     s.undeclare()
 
+        planner._feedback_stops.add(q.put_nowait)  # an exception put here ends the stream
         try:
             while (item := await q.get()) is not end:
+                if isinstance(item, BaseException):
+                    raise item
                 yield item
         finally:
+            planner._feedback_stops.discard(q.put_nowait)
             stop()
 
     async def cancel(self) -> Action | None:
