@@ -203,6 +203,19 @@ def test_send_and_dlq_commands_show_results_and_dead_letters(
             timeout=60,
         )
         assert ghost.returncode != 0 and "no live executor runs 'ghost_kind'" in ghost.stderr
+        doctor = subprocess.run(
+            [*CLI, "doctor", "--bus", port_url, "--ns", ns, "--samples", "10", "--json"],
+            capture_output=True,
+            text=True,
+            timeout=90,
+        )
+        checks = {c["name"]: c for c in json.loads(doctor.stdout)}
+        live = checks["action executors"]
+        assert live["status"] == "ok" and "1 live: C (dock, navigate_to)" in live["detail"], live
+        if engine == "zenoh":  # the queue service's backlog: the ghost waits, with nobody to run it
+            assert "1 queued, 0 in flight, 0 retrying, 1 dead letter(s)" in checks["action queue"]["detail"]
+            orphans = checks["action kinds"]
+            assert orphans["status"] == "warn" and "'ghost_kind'" in orphans["detail"], orphans
     finally:
         for p in (ex, queue):
             if p is not None:

@@ -9,6 +9,8 @@ from embodied_bus.cli.doctor import (
     PULSAR_SLOW_P50_MS,
     SHM_WANTED_BYTES,
     ZENOH_SLOW_P50_MS,
+    Check,
+    check_actions,
     check_round_trip,
     check_shm_room,
 )
@@ -42,3 +44,25 @@ def test_dev_shm_smaller_than_the_pools_need_is_a_warning_naming_the_docker_opti
     assert small.status == "warn" and "--shm-size" in small.detail
     assert check_shm_room(SHM_WANTED_BYTES).status == "ok"
     assert check_shm_room(None).status == "skip"
+
+
+def test_the_action_checks_list_executors_and_warn_about_kinds_nobody_runs() -> None:
+    executors = {"arm": '{"kinds": ["pick", "place"]}', "odd": "not json", "base": '{"kinds": ["dock"]}'}
+    backlog = {
+        "backlog": {
+            "pick/p5": {"queued": 2, "leased": 1, "retrying": 0, "dead": 0},
+            "inspect/p0": {"queued": 0, "leased": 0, "retrying": 1, "dead": 2},
+            "wave/p1": {"queued": 0, "leased": 0, "retrying": 0, "dead": 4},  # nothing waits
+        }
+    }
+    queue, live, kinds = check_actions("zenoh", executors, backlog)
+    assert queue == Check("action queue", "ok", queue.detail)
+    assert "2 queued, 1 in flight, 1 retrying, 6 dead letter(s)" in queue.detail
+    assert live.status == "ok" and live.detail == ("3 live: arm (pick, place), base (dock), odd (no kinds)")
+    assert kinds.status == "warn" and "'inspect'" in kinds.detail and "'wave'" not in kinds.detail
+
+
+def test_the_action_checks_skip_where_there_is_no_queue_or_executor() -> None:
+    assert [c.status for c in check_actions("zenoh", {}, None)] == ["skip", "skip"]
+    pulsar = check_actions("pulsar", {"x": '{"kinds": ["pick"]}'}, None)
+    assert [c.status for c in pulsar] == ["ok", "ok"] and "no queue service needed" in pulsar[0].detail

@@ -8,6 +8,7 @@ exit status is 1 if any check failed, else 0.
 from __future__ import annotations
 
 import argparse
+import asyncio
 import ctypes.util
 import importlib.metadata
 import importlib.util
@@ -17,8 +18,12 @@ import platform
 import statistics
 import sys
 import time
+from collections.abc import Mapping
 from dataclasses import asdict, dataclass
+from typing import Any
 
+from embodied_bus.actions.model import executors_with
+from embodied_bus.actions.service import EXECUTOR_GROUP, SERVICE
 from embodied_bus.bus import Bus, open_bus
 from embodied_bus.cli.common import add_bus_args, fmt_table
 from embodied_bus.engines.urls import ZenohSettings
@@ -33,6 +38,7 @@ __all__ = [
     "ZENOH_SLOW_P50_MS",
     "Check",
     "add_parser",
+    "check_actions",
     "check_round_trip",
     "check_shm_room",
     "run_checks",
@@ -49,6 +55,9 @@ ZENOH_SLOW_P50_MS = 2.0
 #: Room in ``/dev/shm`` below which Zenoh's shared memory is reported as too small, bytes:
 #: twice a publisher's pool for 8 MiB point clouds (Docker gives containers 64 MiB).
 SHM_WANTED_BYTES = 2 * 64 * 1024 * 1024
+#: How long the executor group is watched before its members are counted, seconds (Pulsar
+#: members are heard on heartbeats every 0.25 s; Zenoh's liveliness answers at once).
+EXECUTORS_SETTLE_S = 0.8
 
 _PULSAR_HINT = (
     "set managedLedgerNewEntriesCheckDelayInMillis=0 (broker.conf) and "
@@ -188,6 +197,94 @@ def check_round_trip(engine: str, latencies_ms: list[float], expected: int, *, p
     return Check("round trip", "ok", detail)
 
 
+def check_actions(
+    engine: str, executors: Mapping[str, str], backlog: Mapping[str, Any] | None
+) -> list[Check]:
+    """The action queue and its executors.
+
+    Args:
+        engine: ``zenoh`` or ``pulsar``.
+        executors: Live members of the executor group (name -> announced JSON with ``kinds``).
+        backlog: The Zenoh queue service's answer to ``backlog`` (None: none answered); unused
+            on Pulsar, whose queue is its topics.
+    """
+    out: list[Check] = []
+    if engine == "pulsar":
+        out.append(Check("action queue", "ok", "the broker's topics (no queue service needed on Pulsar)"))
+    elif backlog is None:
+        out.append(
+            Check(
+                "action queue",
+                "skip",
+                "no action queue service answered on this bus (start `embodied-bus queue` to send "
+                "actions over Zenoh)",
+            )
+        )
+    else:
+        column = {k: 0 for k in ("queued", "leased", "retrying", "dead")}
+        for row in (backlog.get("backlog") or {}).values():
+            for k in column:
+                column[k] += int(row.get(k, 0))
+        out.append(
+            Check(
+                "action queue",
+                "ok",
+                f"queue service answered: {column['queued']} queued, {column['leased']} in flight, "
+                f"{column['retrying']} retrying, {column['dead']} dead letter(s)",
+            )
+        )
+    kinds_of: dict[str, list[str]] = {}
+    for name, value in sorted(executors.items()):
+        try:
+            kinds = json.loads(value).get("kinds", [])
+        except (ValueError, AttributeError):
+            kinds = []
+        kinds_of[name] = [str(k) for k in kinds] if isinstance(kinds, list) else []
+    if not kinds_of:
+        out.append(Check("action executors", "skip", "none live on this bus"))
+    else:
+        listed = ", ".join(f"{n} ({', '.join(k) or 'no kinds'})" for n, k in kinds_of.items())
+        out.append(Check("action executors", "ok", f"{len(kinds_of)} live: {listed}"))
+    waiting = sorted(
+        {
+            key.rpartition("/p")[0]
+            for key, row in ((backlog or {}).get("backlog") or {}).items()
+            if int(row.get("queued", 0)) + int(row.get("retrying", 0)) > 0
+        }
+    )
+    orphans = [k for k in waiting if not executors_with(executors, k)]
+    if orphans:
+        out.append(
+            Check(
+                "action kinds",
+                "warn",
+                "queued with no live executor to run them: "
+                + ", ".join(repr(k) for k in orphans)
+                + " (start `embodied-bus executor` with handlers for them)",
+            )
+        )
+    return out
+
+
+async def _actions(bus: Bus, timeout_s: float) -> tuple[dict[str, str], dict[str, Any] | None]:
+    """The executor group's live members and (Zenoh) the queue service's backlog."""
+    group = await bus.engine.watch_group(EXECUTOR_GROUP, lambda *_: None)
+    try:
+        backlog: dict[str, Any] | None = None
+        if bus.engine_name == "zenoh":
+            try:
+                raw = await bus.engine.request(SERVICE, b'{"op":"backlog"}', min(timeout_s, 1.0))
+                reply = json.loads(raw) if raw is not None else None
+            except (EmbodiedBusError, ValueError):
+                reply = None
+            if isinstance(reply, dict) and reply.get("ok") and isinstance(reply.get("backlog"), dict):
+                backlog = reply
+        await asyncio.sleep(EXECUTORS_SETTLE_S)
+        return group.members(), backlog
+    finally:
+        await group.leave()
+
+
 def _shm_free_bytes() -> int | None:
     try:
         st = os.statvfs("/dev/shm")
@@ -264,6 +361,12 @@ async def run_checks(url: str, namespace: str | None, *, samples: int, timeout_s
         finally:
             if sub_bus is not bus:
                 await sub_bus.close()
+        try:
+            executors, backlog = await _actions(bus, timeout_s)
+        except EmbodiedBusError as err:
+            checks.append(Check("action queue", "fail", str(err)))
+        else:
+            checks.extend(check_actions(engine, executors, backlog))
     finally:
         await bus.close()
     return checks
