@@ -36,7 +36,7 @@ from embodied_bus.model import (
 )
 from embodied_bus.model.qos import Backpressure, PublisherOptions, SubscriptionOptions
 from embodied_bus.streams import Publisher, Subscription
-from embodied_bus.sync import SyncBus
+from embodied_bus.sync import SyncActionHandle, SyncBus, SyncPlanner
 
 __version__ = "0.1.0"
 
@@ -60,7 +60,9 @@ __all__ = [
     "Sample",
     "Subscription",
     "SubscriptionOptions",
+    "SyncActionHandle",
     "SyncBus",
+    "SyncPlanner",
     "__version__",
     "open_bus",
 ]

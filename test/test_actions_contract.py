@@ -10,11 +10,12 @@ import urllib.request
 import uuid
 from collections.abc import AsyncIterator
 from pathlib import Path
+from typing import Any
 
 import pulsar
 import pytest
 
-from embodied_bus import Bus, BusClosedError, open_bus
+from embodied_bus import Bus, BusClosedError, SyncBus, open_bus
 from embodied_bus.actions import (
     Action,
     ActionError,
@@ -887,3 +888,38 @@ async def test_what_a_planner_awaits_fails_with_a_clear_error_when_it_or_its_bus
     await rig.planner.close()
     with pytest.raises(BusClosedError, match="the planner was closed"):
         await asyncio.wait_for(waiting, 10)
+
+
+async def test_a_sync_planner_submits_streams_feedback_waits_for_the_result_and_cancels(rig: Rig) -> None:
+    seen = threading.Event()  # set by the blocking script once it has the first feedback
+
+    async def pick(action: Action, ctx):  # type: ignore[no-untyped-def]
+        step = 0
+        while not seen.is_set():  # feedback until the planner has seen some
+            ctx.feedback({"step": step})
+            step += 1
+            await asyncio.sleep(0.01)
+        return {"picked": action.payload["obj"]}
+
+    await rig.executor("ex1", pick=pick)
+    await rig.executors_up(1)
+
+    def script() -> tuple[Any, ...]:  # blocking code, as in a ROS callback or a plain script
+        with SyncBus(rig.url, namespace=rig.namespace) as bus, bus.planner(policy=FAST) as planner:
+            h = planner.submit("pick", {"obj": "cup"}, priority=3, idempotency_key="sync-1")
+            stream = h.feedback()
+            first = next(stream)
+            seen.set()
+            rest = list(stream)  # ends with the action
+            done = h.result(timeout_s=20)
+            again = planner.submit("pick", {"obj": "cup"}, idempotency_key="sync-1")
+            idle = planner.submit("nobody_runs_this")
+            canceled = idle.cancel()
+            return first, rest, done, again, planner.get(h.id), canceled, planner.handle(idle.id).status()
+
+    first, rest, done, again, got, canceled, idle_status = await asyncio.to_thread(script)
+    steps = [first["step"], *(fb["step"] for fb in rest)]  # from when the stream began, in order
+    assert steps == sorted(set(steps))
+    assert done.status is ActionStatus.SUCCEEDED and done.result == {"picked": "cup"}
+    assert again.duplicate and again.id == done.id and got == done
+    assert canceled is not None and idle_status is ActionStatus.CANCELED
