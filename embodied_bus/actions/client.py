@@ -347,6 +347,8 @@ class ActionHandle:
 
         Raises:
             TimeoutError: It did not end within ``timeout_s`` seconds.
+            BusClosedError: The planner or its bus was closed first (the action goes on in the
+                queue: look it up later with :meth:`Planner.get`).
         """
         p = self.planner
         if self.id in p._results:
@@ -377,7 +379,9 @@ class ActionHandle:
                     del p._waiters[self.id]
 
     async def feedback(self) -> AsyncIterator[Any]:
-        """Feedback messages of the running action until it ends."""
+        """Feedback messages of the running action until it ends (those sent before the
+        stream began are not replayed). Raises :class:`BusClosedError` if the planner or its
+        bus is closed first."""
         q: asyncio.Queue[Any] = asyncio.Queue()
         loop = asyncio.get_running_loop()
         end = object()
