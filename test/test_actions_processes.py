@@ -116,8 +116,20 @@ def test_send_and_dlq_commands_show_results_and_dead_letters(
     queue: subprocess.Popen[str] | None = None
     if engine == "zenoh":
         port_url_listen, port_url = zenoh_urls()
+        queue_metrics = free_port()  # the queue service serves its backlog itself too
         queue = subprocess.Popen(
-            [*CLI, "queue", "--bus", port_url_listen, "--ns", ns, "--db", str(tmp_path / "q.db")],
+            [
+                *CLI,
+                "queue",
+                "--bus",
+                port_url_listen,
+                "--ns",
+                ns,
+                "--db",
+                str(tmp_path / "q.db"),
+                "--metrics-port",
+                str(queue_metrics),
+            ],
             stdout=subprocess.PIPE,
             stderr=subprocess.PIPE,
             text=True,
@@ -189,6 +201,11 @@ def test_send_and_dlq_commands_show_results_and_dead_letters(
         assert served["kinds"]["dock"]["dead"] == 1  # what an autoscaler reads (KEDA metrics-api)
         assert 'embodied_bus_actions{kind="dock",priority="0",state="dead"} 1.0' in metrics
         assert 'embodied_bus_actions_kept{status="succeeded"} 1.0' in metrics
+        if queue is not None:
+            wait_line(queue, "backlog JSON on")
+            own_url = f"http://127.0.0.1:{queue_metrics}/backlog"
+            own = json.loads(urllib.request.urlopen(own_url, timeout=10).read())
+            assert own["kinds"]["dock"]["dead"] == 1 and own["totals"]["succeeded"] == 1
         junk = subprocess.run(
             [*CLI, "send", "pick", "--bus", port_url, "--ns", ns, "--payload", "{nope"],
             capture_output=True,

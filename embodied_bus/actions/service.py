@@ -348,8 +348,23 @@ class QueueService:
                 return _ok(purged=s.purge_dead())
             return _err(f"unknown dlq request {what!r}")
         if op == "backlog":
-            return _ok(backlog=s.backlog(), stats=s.stats(), redeliveries=s.redeliveries, pruned=s.pruned)
+            return _ok(**self._backlog())
         return _err(f"unknown request {op!r}")
+
+    def _backlog(self) -> dict[str, Any]:
+        s = self.store
+        return {
+            "backlog": s.backlog(),
+            "stats": s.stats(),
+            "redeliveries": s.redeliveries,
+            "pruned": s.pruned,
+        }
+
+    def backlog(self) -> dict[str, Any]:
+        """What a planner's ``backlog`` request answers (see :meth:`Planner.backlog`), from any
+        thread; empty once the service stopped."""
+        with self._lock:
+            return {} if self._closed else self._backlog()
 
     async def run(self, stop: asyncio.Event, ready: asyncio.Event | None = None) -> None:
         """Serve until ``stop``; sweeps expired leases every :data:`SWEEP_S`."""

@@ -43,6 +43,7 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-a
         help=f"ended actions (succeeded, canceled) kept for planners that look them up later: the "
         f"newest N; older ones are deleted (default {DEFAULT_KEEP_ENDED}; dead letters stay until purged)",
     )
+    add_metrics_arg(p)  # the backlog as Prometheus gauges, and as JSON on /backlog (autoscalers)
     p.set_defaults(func=run_queue)
 
     p = sub.add_parser("executor", help="run action handlers: --handlers module:MAPPING")
@@ -142,7 +143,20 @@ async def run_queue(args: argparse.Namespace) -> int:
         task = asyncio.create_task(service.run(stop, ready))
         await ready.wait()
         print(f"action queue serving on {args.bus} (db {args.db})", flush=True)
-        await task
+        exporter = None
+        if args.metrics_port is not None:
+            from embodied_bus.metrics import MetricsExporter
+
+            exporter = MetricsExporter(args.metrics_port)
+            view = ActionsView()
+            exporter.add_actions(lambda: view.update(service.backlog(), time.monotonic()))
+            where = f":{exporter.port}"
+            print(f"metrics on {where}/metrics, backlog JSON on {where}/backlog", flush=True)
+        try:
+            await task
+        finally:
+            if exporter is not None:
+                exporter.close()
     return 0
 
 
