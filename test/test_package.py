@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import ast
 import runpy
+import subprocess
 import sys
 from pathlib import Path
 from unittest import mock
@@ -75,3 +76,14 @@ def test_every_subcommand_of_the_command_line_is_in_the_readme() -> None:
     readme = (ROOT / "README.md").read_text()
     missing = [name for name in sorted(sub.choices) if f"embodied-bus {name}" not in readme]
     assert not missing, f"subcommands the README does not show: {missing}"
+
+
+def test_the_readmes_streams_example_runs_as_shown() -> None:
+    readme = (ROOT / "README.md").read_text()
+    start = readme.index("## Streams in 20 lines")
+    code = readme[readme.index("```python\n", start) + len("```python\n") : readme.index("```\n", start + 20)]
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    first, counters = out.stdout.splitlines()[-2:]
+    assert first.startswith("1 ") and first.endswith("lidar_top (100000,)"), first
+    assert "'received': 1," in counters and "'gaps': 0," in counters, counters
