@@ -923,3 +923,21 @@ async def test_a_sync_planner_submits_streams_feedback_waits_for_the_result_and_
     assert done.status is ActionStatus.SUCCEEDED and done.result == {"picked": "cup"}
     assert again.duplicate and again.id == done.id and got == done
     assert canceled is not None and idle_status is ActionStatus.CANCELED
+
+
+async def test_a_plain_function_handler_still_completes_its_actions_and_is_warned_about_once(
+    rig: Rig, caplog: pytest.LogCaptureFixture
+) -> None:
+    def measure(action: Action, ctx: Any) -> dict[str, Any]:  # not async: a common slip
+        ctx.feedback({"step": 1})
+        return {"length_m": action.payload["x"] * 2}
+
+    await rig.executor("ex1", measure=measure)
+    await rig.executors_up(1)
+    with caplog.at_level("WARNING", logger="embodied_bus"):
+        handles = [await rig.planner.submit("measure", {"x": x}) for x in (1, 2)]
+        done = [await h.result(timeout_s=20) for h in handles]
+    assert [d.status for d in done] == [ActionStatus.SUCCEEDED] * 2
+    assert [d.result for d in done] == [{"length_m": 2}, {"length_m": 4}]
+    warned = [r.getMessage() for r in caplog.records if "is not async" in r.getMessage()]
+    assert len(warned) == 1 and "'measure'" in warned[0] and "asyncio.to_thread" in warned[0], warned

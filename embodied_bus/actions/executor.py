@@ -4,6 +4,7 @@ feedback, checkpoints (a retry resumes from the last one), cancel signal, gracef
 from __future__ import annotations
 
 import asyncio
+import inspect
 import json
 import logging
 import uuid
@@ -64,7 +65,9 @@ class ActionContext:
         )
 
 
-Handler = Callable[[Action, ActionContext], Awaitable[Any]]
+#: A handler: ``async def handler(action, ctx) -> result`` (a plain function that returns its
+#: result also works, but blocks the event loop while it runs: a warning says so).
+Handler = Callable[[Action, ActionContext], Awaitable[Any] | Any]
 
 
 class Executor:
@@ -107,6 +110,7 @@ class Executor:
         self.verifier = verifier
         self._pulsar: PulsarActionQueue | None = None
         self._background: set[asyncio.Future[None]] = set()
+        self._sync_kinds: set[str] = set()  # kinds whose handler turned out not to be async
         self._acks: list[tuple[dict[str, Any], Callable[[str | None], None]]] = []
         if bus.engine.name == "pulsar":
             from embodied_bus.actions.pulsar_queue import PulsarActionQueue
@@ -136,13 +140,27 @@ class Executor:
         self._wake_posted = False  # a wake-up is on its way to the loop
 
     def handler(self, kind: str) -> Callable[[Handler], Handler]:
-        """Decorator registering a coroutine ``(action, ctx) -> result`` for a kind."""
+        """Decorator registering a handler ``async def (action, ctx) -> result`` for a kind (a
+        plain function works too, but blocks the event loop while it runs: it is warned about)."""
 
         def register(fn: Handler) -> Handler:
             self.handlers[kind] = fn
             return fn
 
         return register
+
+    def _ran_synchronously(self, kind: str) -> None:
+        """A handler returned its result instead of an awaitable: it is a plain function. Its
+        result counts; it is said once per kind that it blocked the event loop meanwhile."""
+        if kind not in self._sync_kinds:
+            self._sync_kinds.add(kind)
+            _log.warning(
+                "%s: the handler for %r is not async: it ran on the event loop and blocked it "
+                "(lease extensions, feedback and other actions waited); make it `async def` and "
+                "run blocking work with `await asyncio.to_thread(...)`",
+                self.name,
+                kind,
+            )
 
     async def _call(self, req: dict[str, Any], timeout_s: float = 5.0) -> dict[str, Any]:
         if self._pulsar is not None:
@@ -281,7 +299,11 @@ class Executor:
         else:
             self._contexts[action.id] = ctx
         try:
-            result = await self.handlers[action.kind](action, ctx)
+            result = self.handlers[action.kind](action, ctx)
+            if inspect.isawaitable(result):
+                result = await result
+            else:
+                self._ran_synchronously(action.kind)
         except PermanentFailure as err:
             self.failed += 1
             await self._report(
