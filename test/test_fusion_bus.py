@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 from embodied_bus import Backpressure, PublisherOptions, SubscriptionOptions
-from embodied_bus.errors import EncodingError
+from embodied_bus.errors import BusClosedError, EncodingError
 from embodied_bus.fusion import decode_frame, encode_frame, load_spec
 from embodied_bus.fusion.worker import FusionWorker, frames_stream
 from embodied_bus.sim.scenario import Scenario, generate
@@ -157,3 +157,14 @@ async def test_a_key_shared_worker_never_republishes_a_bucket_another_worker_alr
     assert len(published) == len(set(published)), "a bucket was published twice"
     assert set(buckets) <= set(published)
     assert worker.sync_timeouts == 0
+
+
+async def test_a_fusion_worker_whose_bus_is_closed_under_it_stops_with_a_clear_error(
+    bus_pair: BusPair,
+) -> None:
+    worker = FusionWorker(bus_pair.subscriber_bus, RELAXED, idle_flush_s=0.5)
+    task = asyncio.create_task(worker.run(asyncio.Event()))  # never asked to stop
+    await asyncio.wait_for(worker.ready.wait(), 30)
+    await bus_pair.subscriber_bus.close()
+    with pytest.raises(BusClosedError, match=f"fusion worker of {RELAXED.name!r}: its bus was closed"):
+        await asyncio.wait_for(task, 10)

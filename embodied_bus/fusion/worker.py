@@ -18,7 +18,7 @@ from typing import Any
 import numpy as np
 
 from embodied_bus.bus import Bus
-from embodied_bus.errors import BusConnectionError
+from embodied_bus.errors import BusClosedError, BusConnectionError
 from embodied_bus.fusion.assembler import Assembler, DroppedBucket, Event, LateSample, StampJump
 from embodied_bus.fusion.codec import FRAME_ENCODING, encode_frame
 from embodied_bus.fusion.frame import MultiModalFrame
@@ -608,8 +608,6 @@ class FusionWorker:
         )
         tasks: list[asyncio.Task[None]] = []
         slots_task: asyncio.Task[None] | None = None
-        handed: set[int] = set()  # open buckets left to the other ring workers on stopping
-        former: dict[str, int | None] = {}  # the ring this worker left
         inputs = tuple(s.name for s in self.spec.streams)
         if self._mode is not None:
             self.ring = OwnershipRing(self.bus, self.spec.name, self._worker_id)
@@ -640,6 +638,11 @@ class FusionWorker:
                     await asyncio.wait_for(stop.wait(), min(0.1, self._idle_flush_s / 2))
                 except TimeoutError:
                     pass
+                if self.bus.closed:  # the program closed the bus first: nothing in, nothing out
+                    raise BusClosedError(
+                        f"fusion worker of {self.spec.name!r}: its bus was closed while it ran; it "
+                        f"stopped with {len(self.assembler.open_bucket_ids)} open bucket(s) unpublished"
+                    )
                 for t in tasks:
                     if t.done() and not t.cancelled() and t.exception() is not None:
                         raise t.exception()  # type: ignore[misc]
@@ -652,37 +655,51 @@ class FusionWorker:
                     ):
                         await self._handle(self.assembler.flush())
         finally:
-            if slots_task is not None and stop.is_set():
-                # it hands its open buckets back (or flushes them) and closes its consumer
-                await asyncio.wait([slots_task], timeout=CLOSE_TIMEOUT_S)
-            elif self._mode == "ring" and self._others_alive():
-                # leaving a running ring: the others own this worker's buckets from now on and
-                # publish them whole (every worker has every sample); _confirm_handover below
-                # covers the others stopping at the same moment
-                assert self.ring is not None
-                former = self.ring.members()
-                await self.ring.leave(keep_watching=True)
-                handed = set(self.assembler.open_bucket_ids)
-                self.handed_back = len(handed)
-                if self.handed_back:
-                    _log.info("left the ring with %d open bucket(s) to the other workers", self.handed_back)
-            for s in self._subs:
-                if s is not self._frames_sub:  # still read by the last frames' handover checks
-                    await s.close()
-            for t in tasks:
-                t.cancel()
-            await asyncio.gather(*tasks, return_exceptions=True)
-            await self._handle(self.assembler.flush())  # a ring leaver's frames are held
-            if handed:
-                await self._confirm_handover(handed, former)
-            if self._recovering:
-                await self._recover(quiet_s=0.0)
-            if self._frames_sub is not None:
-                await self._frames_sub.close()
-            if self.ring is not None:
-                await self.ring.close()
-            await self._frames_pub.flush()
-            await self._late_pub.flush()
+            if self.bus.closed:  # nothing can be published or handed over any more
+                for t in tasks:
+                    t.cancel()
+                await asyncio.gather(*tasks, return_exceptions=True)
+            else:
+                await self._wind_down(stop, tasks, slots_task)
+
+    async def _wind_down(
+        self, stop: asyncio.Event, tasks: list[asyncio.Task[None]], slots_task: asyncio.Task[None] | None
+    ) -> None:
+        """Stopping on an open bus: hand over or publish what is open, then flush."""
+        handed: set[int] = set()  # open buckets left to the other ring workers on stopping
+        former: dict[str, int | None] = {}  # the ring this worker left
+        if slots_task is not None and stop.is_set():
+            # it hands its open buckets back (or flushes them) and closes its consumer
+            await asyncio.wait([slots_task], timeout=CLOSE_TIMEOUT_S)
+        elif self._mode == "ring" and self._others_alive():
+            # leaving a running ring: the others own this worker's buckets from now on and
+            # publish them whole (every worker has every sample); _confirm_handover below
+            # covers the others stopping at the same moment
+            assert self.ring is not None
+            former = self.ring.members()
+            await self.ring.leave(keep_watching=True)
+            handed = set(self.assembler.open_bucket_ids)
+            self.handed_back = len(handed)
+            if self.handed_back:
+                _log.info("left the ring with %d open bucket(s) to the other workers", self.handed_back)
+        for s in self._subs:
+            if s is not self._frames_sub:  # still read by the last frames' handover checks
+                await s.close()
+        for t in tasks:
+            t.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+        await self._handle(self.assembler.flush())  # a ring leaver's frames are held
+        if handed:
+            await self._confirm_handover(handed, former)
+        if self._recovering:
+            await self._recover(quiet_s=0.0)
+        if self._frames_sub is not None:
+            await self._frames_sub.close()
+        if self.ring is not None:
+            await self.ring.close()
+        assert self._frames_pub is not None and self._late_pub is not None  # made by run()
+        await self._frames_pub.flush()
+        await self._late_pub.flush()
 
     def summary(self) -> dict[str, Any]:
         """Metrics plus assembler counters."""
