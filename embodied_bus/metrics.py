@@ -22,7 +22,8 @@ BACKLOG_PATH = "/backlog"
 
 class MetricsExporter:
     """Serves ``/metrics`` on a port; register sources with :meth:`add_streams`,
-    :meth:`add_fusion` and :meth:`add_actions` (which also serves :data:`BACKLOG_PATH`).
+    :meth:`add_fusion`, :meth:`add_executor` and :meth:`add_actions` (which also serves
+    :data:`BACKLOG_PATH`).
 
     Args:
         port: TCP port (0 picks a free one; see :attr:`port`).
@@ -35,6 +36,7 @@ class MetricsExporter:
         self._stream_sources: list[Callable[[], list[dict[str, Any]]]] = []
         self._fusion_sources: list[Callable[[], dict[str, Any]]] = []
         self._actions_source: Callable[[], dict[str, Any]] | None = None
+        self._executor_sources: list[Callable[[], dict[str, Any]]] = []
         self.registry = CollectorRegistry(auto_describe=False)
         self.registry.register(self)  # type: ignore[arg-type]
         self._server, self._thread = start_http_server(port, addr=addr, registry=self.registry)
@@ -66,6 +68,36 @@ class MetricsExporter:
         served as JSON on :data:`BACKLOG_PATH`. Called on the server's thread: return a
         snapshot, do not wait on the bus."""
         self._actions_source = source
+
+    def add_executor(self, source: Callable[[], dict[str, Any]]) -> None:
+        """A callable returning ``Executor.stats()``."""
+        self._executor_sources.append(source)
+
+    def _collect_executors(self) -> Iterator[Any]:
+        from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+
+        if not self._executor_sources:
+            return
+        done = CounterMetricFamily(
+            "embodied_bus_executor_actions",
+            "actions whose handler returned (completed) or raised (failed)",
+            labels=["executor", "outcome"],
+        )
+        unreported = CounterMetricFamily(
+            "embodied_bus_executor_unreported", "outcomes the queue did not accept", labels=["executor"]
+        )
+        by_executor = ["executor"]
+        running = GaugeMetricFamily("embodied_bus_executor_running", "actions running", labels=by_executor)
+        slots = GaugeMetricFamily("embodied_bus_executor_slots", "concurrency limit", labels=by_executor)
+        for source in self._executor_sources:
+            st = source()
+            name = str(st["executor"])
+            done.add_metric([name, "completed"], float(st["completed"]))
+            done.add_metric([name, "failed"], float(st["failed"]))
+            unreported.add_metric([name], float(st["unreported"]))
+            running.add_metric([name], float(st["running"]))
+            slots.add_metric([name], float(st["concurrency"]))
+        yield from (done, unreported, running, slots)
 
     def _collect_actions(self) -> Iterator[Any]:
         from prometheus_client.core import GaugeMetricFamily
@@ -148,6 +180,7 @@ class MetricsExporter:
                     fam.add_metric([], float(summary[k]))
         yield from fams.values()
         yield from self._collect_actions()
+        yield from self._collect_executors()
 
     def close(self) -> None:
         """Stop serving."""

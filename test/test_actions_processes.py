@@ -43,7 +43,7 @@ def wait_line(proc: subprocess.Popen[str], text: str, timeout_s: float = 60) -> 
     assert seen.wait(timeout_s), f"process never printed {text!r}: {proc.poll()}"
 
 
-def executor(url: str, ns: str, name: str) -> subprocess.Popen[str]:
+def executor(url: str, ns: str, name: str, *more: str) -> subprocess.Popen[str]:
     env = {**os.environ, "PYTHONPATH": f"{TEST_DIR}{os.pathsep}{os.environ.get('PYTHONPATH', '')}"}
     return subprocess.Popen(
         [
@@ -57,6 +57,7 @@ def executor(url: str, ns: str, name: str) -> subprocess.Popen[str]:
             "action_handlers:HANDLERS",
             "--name",
             name,
+            *more,
         ],
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
@@ -140,7 +141,8 @@ def test_send_and_dlq_commands_show_results_and_dead_letters(
             [*CLI, "queue", "--bus", port_url, "--ns", ns], capture_output=True, text=True, timeout=60
         )
         assert no_service.returncode != 0 and "no queue service is needed on Pulsar" in no_service.stderr
-    ex = executor(port_url, ns, "C")
+    ex_metrics = free_port()
+    ex = executor(port_url, ns, "C", "--metrics-port", str(ex_metrics))
     try:
         if queue is not None:
             wait_line(queue, "action queue serving")
@@ -201,6 +203,9 @@ def test_send_and_dlq_commands_show_results_and_dead_letters(
         assert served["kinds"]["dock"]["dead"] == 1  # what an autoscaler reads (KEDA metrics-api)
         assert 'embodied_bus_actions{kind="dock",priority="0",state="dead"} 1.0' in metrics
         assert 'embodied_bus_actions_kept{status="succeeded"} 1.0' in metrics
+        own = urllib.request.urlopen(f"http://127.0.0.1:{ex_metrics}/metrics", timeout=10).read().decode()
+        assert 'embodied_bus_executor_actions_total{executor="C",outcome="completed"} 1.0' in own, own
+        assert 'embodied_bus_executor_running{executor="C"} 0.0' in own
         if queue is not None:
             wait_line(queue, "backlog JSON on")
             own_url = f"http://127.0.0.1:{queue_metrics}/backlog"

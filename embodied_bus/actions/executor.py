@@ -149,6 +149,19 @@ class Executor:
 
         return register
 
+    def stats(self) -> dict[str, Any]:
+        """Counters of this executor (for dashboards): handlers that returned (``completed``)
+        or raised (``failed``), outcomes the queue did not accept (``unreported``), actions
+        running now and the concurrency limit."""
+        return {
+            "executor": self.name,
+            "concurrency": self.concurrency,
+            "running": len(self._running),
+            "completed": self.completed,
+            "failed": self.failed,
+            "unreported": self.unreported,
+        }
+
     def _ran_synchronously(self, kind: str) -> None:
         """A handler returned its result instead of an awaitable: it is a plain function. Its
         result counts; it is said once per kind that it blocked the event loop meanwhile."""

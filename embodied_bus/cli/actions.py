@@ -72,6 +72,7 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-a
         help="run only actions signed by a key this allow-list permits for their kind (see 'keys')",
     )
     p.add_argument("--nonce-db", default=None, help="SQLite file of seen nonces (default: in memory)")
+    add_metrics_arg(p)  # completed / failed / running actions of this executor
     p.set_defaults(func=run_executor)
 
     p = sub.add_parser("send", help="submit an action and optionally wait for its result")
@@ -202,8 +203,19 @@ async def run_executor(args: argparse.Namespace) -> int:
         )
         for kind, fn in handlers.items():
             ex.handler(kind)(fn)
+        exporter = None
+        if args.metrics_port is not None:
+            from embodied_bus.metrics import MetricsExporter
+
+            exporter = MetricsExporter(args.metrics_port)
+            exporter.add_executor(ex.stats)
+            print(f"metrics on :{exporter.port}/metrics", flush=True)
         print(f"executor {ex.name} running {', '.join(sorted(handlers))}", flush=True)
-        await ex.run(stop)
+        try:
+            await ex.run(stop)
+        finally:
+            if exporter is not None:
+                exporter.close()
         print(json.dumps({"executor": ex.name, "completed": ex.completed, "failed": ex.failed}))
     return 0
 
