@@ -24,6 +24,7 @@ __all__ = [
     "Attempt",
     "action_from_dict",
     "action_to_dict",
+    "announced_kinds",
     "decode_action",
     "encode_action",
     "executors_with",
@@ -291,15 +292,16 @@ def _malformed(err: msgspec.ValidationError) -> ActionError:
     return ActionError(f"action envelope is malformed: {err}")
 
 
+def announced_kinds(value: str) -> list[str]:
+    """The kinds in an executor's announcement (the JSON value ``{"kinds": [...]}`` executors
+    announce in their group); empty if it is malformed."""
+    try:
+        kinds: Any = json.loads(value).get("kinds", [])
+    except (ValueError, AttributeError):
+        return []
+    return [str(k) for k in kinds] if isinstance(kinds, list) else []
+
+
 def executors_with(members: Mapping[str, str], kind: str) -> list[str]:
-    """Live executors that run ``kind``, from executor-group members (name → the JSON value
-    executors announce, ``{"kinds": [...]}``)."""
-    out = []
-    for member, value in members.items():
-        try:
-            kinds: Any = json.loads(value).get("kinds", [])
-        except (ValueError, AttributeError):
-            kinds = []
-        if isinstance(kinds, list) and kind in kinds:
-            out.append(member)
-    return out
+    """Live executors that run ``kind``, from executor-group members (name → announcement)."""
+    return [member for member, value in members.items() if kind in announced_kinds(value)]

@@ -22,10 +22,11 @@ from collections.abc import Mapping
 from dataclasses import asdict, dataclass
 from typing import Any
 
-from embodied_bus.actions.model import executors_with
-from embodied_bus.actions.service import EXECUTOR_GROUP, SERVICE
+from embodied_bus.actions.model import announced_kinds, executors_with
+from embodied_bus.actions.service import EXECUTOR_GROUP
 from embodied_bus.bus import Bus, open_bus
-from embodied_bus.cli.common import add_bus_args, fmt_table
+from embodied_bus.cli.actions import ActionsView
+from embodied_bus.cli.common import add_bus_args, fmt_table, queue_backlog
 from embodied_bus.engines.urls import ZenohSettings
 from embodied_bus.errors import EmbodiedBusError
 from embodied_bus.loop import LOOP_ENV, loop_runner
@@ -221,30 +222,23 @@ def check_actions(
             )
         )
     else:
-        column = {k: 0 for k in ("queued", "leased", "retrying", "dead")}
-        for row in (backlog.get("backlog") or {}).values():
-            for k in column:
-                column[k] += int(row.get(k, 0))
+        v = ActionsView().update(dict(backlog), 0.0)
         out.append(
             Check(
                 "action queue",
                 "ok",
-                f"queue service answered: {column['queued']} queued, {column['leased']} in flight, "
-                f"{column['retrying']} retrying, {column['dead']} dead letter(s)",
+                f"queue service answered: {v['queued']} queued, {v['in_flight']} in flight, "
+                f"{v['retrying']} retrying, {v['dead_letters']} dead letter(s)",
             )
         )
-    kinds_of: dict[str, list[str]] = {}
-    for name, value in sorted(executors.items()):
-        try:
-            kinds = json.loads(value).get("kinds", [])
-        except (ValueError, AttributeError):
-            kinds = []
-        kinds_of[name] = [str(k) for k in kinds] if isinstance(kinds, list) else []
-    if not kinds_of:
+    if not executors:
         out.append(Check("action executors", "skip", "none live on this bus"))
     else:
-        listed = ", ".join(f"{n} ({', '.join(k) or 'no kinds'})" for n, k in kinds_of.items())
-        out.append(Check("action executors", "ok", f"{len(kinds_of)} live: {listed}"))
+        listed = ", ".join(
+            f"{name} ({', '.join(announced_kinds(value)) or 'no kinds'})"
+            for name, value in sorted(executors.items())
+        )
+        out.append(Check("action executors", "ok", f"{len(executors)} live: {listed}"))
     waiting = sorted(
         {
             key.rpartition("/p")[0]
@@ -270,15 +264,7 @@ async def _actions(bus: Bus, timeout_s: float) -> tuple[dict[str, str], dict[str
     """The executor group's live members and (Zenoh) the queue service's backlog."""
     group = await bus.engine.watch_group(EXECUTOR_GROUP, lambda *_: None)
     try:
-        backlog: dict[str, Any] | None = None
-        if bus.engine_name == "zenoh":
-            try:
-                raw = await bus.engine.request(SERVICE, b'{"op":"backlog"}', min(timeout_s, 1.0))
-                reply = json.loads(raw) if raw is not None else None
-            except (EmbodiedBusError, ValueError):
-                reply = None
-            if isinstance(reply, dict) and reply.get("ok") and isinstance(reply.get("backlog"), dict):
-                backlog = reply
+        backlog = await queue_backlog(bus, min(timeout_s, 1.0))
         await asyncio.sleep(EXECUTORS_SETTLE_S)
         return group.members(), backlog
     finally:

@@ -20,11 +20,16 @@ from typing import Any
 
 import numpy as np
 
-from embodied_bus.actions.service import SERVICE
 from embodied_bus.bus import Bus, open_bus
-from embodied_bus.cli.common import add_bus_args, add_metrics_arg, fmt_table, install_stop_signals
+from embodied_bus.cli.common import (
+    add_bus_args,
+    add_metrics_arg,
+    fmt_table,
+    install_stop_signals,
+    queue_backlog,
+)
 from embodied_bus.cli.streams import stream_rows
-from embodied_bus.errors import BusConnectionError, EncodingError
+from embodied_bus.errors import EncodingError
 from embodied_bus.fusion.codec import FRAME_ENCODING, decode_frame
 from embodied_bus.metrics import MetricsExporter
 from embodied_bus.model.qos import SubscriptionOptions
@@ -101,17 +106,8 @@ async def _watch(sub: Subscription, views: dict[str, FusionView], stop: asyncio.
 async def _action_backlog(bus: Bus) -> dict[str, Any] | None:
     """The Zenoh action queue service's backlog and totals, or None where none answers (or
     on Pulsar, whose queue is read from its topics by ``embodied-bus actions``)."""
-    if bus.engine_name != "zenoh":
-        return None
-    try:
-        raw = await bus.engine.request(SERVICE, b'{"op":"backlog"}', ACTIONS_TIMEOUT_S)
-        reply = json.loads(raw) if raw is not None else None
-    except (BusConnectionError, ValueError) as err:
-        _log.debug("no action backlog: %s", err)
-        return None
-    if not isinstance(reply, dict) or not reply.get("ok") or not isinstance(reply.get("backlog"), dict):
-        return None
-    return {"backlog": reply["backlog"], "totals": reply.get("stats")}
+    reply = await queue_backlog(bus, ACTIONS_TIMEOUT_S)
+    return None if reply is None else {"backlog": reply["backlog"], "totals": reply.get("stats")}
 
 
 def _actions_text(bus: Bus, actions: dict[str, Any] | None) -> str:
