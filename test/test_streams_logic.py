@@ -17,7 +17,7 @@ from embodied_bus.model import Header, Modality
 from embodied_bus.model.qos import SubscriptionOptions
 from embodied_bus.model.wire import HeaderRun
 from embodied_bus.streams import BoundedBuffer, SequenceTracker, Subscription, Verdict
-from embodied_bus.streams.backpressure import REFUSED, RESUME_FRACTION
+from embodied_bus.streams.backpressure import REFUSED, RESUME_FRACTION, STASH_MAX
 from embodied_bus.streams.tracker import MAX_TRACKED_MISSING
 
 
@@ -263,6 +263,41 @@ async def test_a_blocked_producer_resumes_once_a_quarter_of_the_buffer_is_free_n
     assert got == list(range(n)) and buf.dropped == 0
     # woken per freed slot, a producer waits about once per item taken from a full buffer
     assert 0 < buf.waits <= 2 * (n // (100 // RESUME_FRACTION)), buf.waits
+
+
+async def test_items_the_consumer_stashed_still_count_against_the_capacity_and_keep_their_order() -> None:
+    capacity = 4 * STASH_MAX
+    buf: BoundedBuffer[int] = BoundedBuffer(capacity, Backpressure.BLOCK, asyncio.get_running_loop())
+    assert buf.put_many(list(range(capacity))) == ([], [])
+    assert buf.get_nowait() == 0  # takes the next STASH_MAX into the consumer's stash
+    assert len(buf) == capacity - 1
+    finished = threading.Event()
+
+    def produce() -> None:  # needs more room than one pop frees: waits
+        assert buf.put_many(list(range(capacity, capacity + STASH_MAX))) == ([], [])
+        finished.set()
+
+    th = threading.Thread(target=produce)
+    th.start()
+    deadline = time.monotonic() + 5
+    while not buf.waits and time.monotonic() < deadline:
+        await asyncio.sleep(0.005)
+    assert buf.waits == 1 and not finished.is_set() and len(buf) == capacity
+    got = [0]
+    while len(got) < capacity + STASH_MAX:  # popping the stash frees room and wakes it
+        got.append(await buf.get(5))
+        assert len(buf) <= capacity
+    th.join(5)
+    assert finished.is_set() and got == list(range(capacity + STASH_MAX))
+    assert buf.get_many_nowait(10) == [] and len(buf) == 0
+
+
+async def test_close_returns_stashed_items_first() -> None:
+    buf: BoundedBuffer[int] = BoundedBuffer(4 * STASH_MAX, Backpressure.BLOCK, asyncio.get_running_loop())
+    buf.put_many(list(range(STASH_MAX + 10)))
+    assert buf.get_nowait() == 0
+    assert buf.get_many_nowait(3) == [1, 2, 3]  # from the stash
+    assert buf.close() == list(range(4, STASH_MAX + 10))
 
 
 async def test_get_times_out_and_close_wakes_a_waiting_consumer() -> None:

@@ -34,8 +34,9 @@ __all__ = [
 #: Acknowledges one delivered message to the engine (no-op where the engine has no acks).
 AckFn = Callable[[], None]
 #: Sends one sample given the header fields that vary: ``(seq, stamp_ns, bucket, publish_ns,
-#: payload)``; returns False if dropped (see :meth:`EnginePublisher.fast_sender`).
-FastSend = Callable[[int, int, int, int, bytes], bool]
+#: payload)``; returns the publisher's backlog after it (as :meth:`EnginePublisher.backlog`),
+#: or -1 if the sample was dropped (see :meth:`EnginePublisher.fast_sender`).
+FastSend = Callable[[int, int, int, int, bytes], int]
 #: Sends a run of samples given what varies: ``(seqs, stamps_ns, buckets, publish_ns,
 #: payloads)`` (one publish time for the run); returns how many were not dropped (see
 #: :meth:`EnginePublisher.fast_sender_many`).
@@ -152,7 +153,8 @@ class EnginePublisher(abc.ABC):
 
         The returned callable takes ``(seq, stamp_ns, bucket, publish_ns, payload)`` and
         behaves as :meth:`send` would with the full header; it must send what :meth:`send`
-        would (same wire bytes).
+        would (same wire bytes). It returns :meth:`backlog` after the send (one call less per
+        sample for a publisher that checks it), or -1 where :meth:`send` returns False.
         """
         del template
         return None

@@ -6,12 +6,13 @@ import asyncio
 import enum
 import threading
 from collections import deque
+from itertools import repeat, starmap
 from typing import Generic, TypeVar
 
 from embodied_bus.errors import BusClosedError
 from embodied_bus.model.qos import Backpressure
 
-__all__ = ["REFUSED", "RESUME_FRACTION", "BoundedBuffer", "Refused"]
+__all__ = ["REFUSED", "RESUME_FRACTION", "STASH_MAX", "BoundedBuffer", "Refused"]
 
 T = TypeVar("T")
 
@@ -31,6 +32,10 @@ REFUSED = Refused.REFUSED
 #: (or the room it needs, if less).
 RESUME_FRACTION = 4
 
+#: Under ``BLOCK``, the consumer moves up to this many of the oldest items at a time to a
+#: stash of its own that it pops without the lock (they still count against the capacity).
+STASH_MAX = 64
+
 
 def _wake(fut: asyncio.Future[None]) -> None:
     if not fut.done():
@@ -39,6 +44,11 @@ def _wake(fut: asyncio.Future[None]) -> None:
 
 class BoundedBuffer(Generic[T]):
     """A thread-safe bounded FIFO: engine threads ``put``, one asyncio task ``get``\\ s.
+
+    Under ``BLOCK`` the consumer takes the oldest items in runs of up to :data:`STASH_MAX` into
+    a stash that only its thread touches, and pops them from there without taking the lock
+    (one lock round per run, not per item). Stashed items count against ``capacity`` until
+    they are popped: the bound and the order are those of one FIFO.
 
     Args:
         capacity: Maximum number of buffered items (>= 1).
@@ -53,6 +63,10 @@ class BoundedBuffer(Generic[T]):
         self.policy = policy
         self._loop = loop
         self._items: deque[T] = deque()
+        # the consumer's stash (BLOCK only; see the class docstring): the oldest items, popped
+        # by the consumer's thread without the lock; producers only read its length
+        self._stash: deque[T] = deque()
+        self._stash_max = STASH_MAX if policy is Backpressure.BLOCK and capacity >= 2 * STASH_MAX else 0
         self._lock = threading.Lock()
         self._not_full = threading.Condition(self._lock)
         self._blocked = 0
@@ -68,7 +82,7 @@ class BoundedBuffer(Generic[T]):
         self.waits = 0
 
     def __len__(self) -> int:
-        return len(self._items)
+        return len(self._stash) + len(self._items)
 
     def put(self, item: T) -> T | Refused | None:
         """Add an item from any thread except the consumer's loop thread (under ``BLOCK``).
@@ -81,7 +95,7 @@ class BoundedBuffer(Generic[T]):
         with self._lock:
             if self._closed:
                 return REFUSED
-            if len(self._items) >= self.capacity:
+            if len(self._items) + len(self._stash) >= self.capacity:
                 if self.policy is Backpressure.DROP_OLDEST:
                     dropped = self._items.popleft()
                     self.dropped += 1
@@ -112,7 +126,7 @@ class BoundedBuffer(Generic[T]):
                 if self._closed:
                     refused = items[i:]
                     break
-                room = self.capacity - len(buf)
+                room = self.capacity - len(buf) - len(self._stash)
                 if room <= 0:
                     if self.policy is Backpressure.DROP_OLDEST:
                         dropped.append(buf.popleft())
@@ -149,7 +163,7 @@ class BoundedBuffer(Generic[T]):
         self.waits += 1
         self._blocked += 1
         try:
-            while self.capacity - len(self._items) < want and not self._closed:
+            while self.capacity - len(self._items) - len(self._stash) < want and not self._closed:
                 # several blocked producers: wake at the smallest room any of them wants
                 self._room_wanted = want if self._blocked == 1 else min(want, self._room_wanted)
                 self._not_full.wait(0.5)
@@ -157,30 +171,70 @@ class BoundedBuffer(Generic[T]):
             self._blocked -= 1
 
     def _took(self) -> None:
-        """After a pop (lock held): wake blocked producers once there is the room they want."""
-        if self.capacity - len(self._items) >= self._room_wanted:
+        """After a pop (lock held): wake blocked producers once there is the room they want,
+        once: until a woken producer waits again, later pops notify nobody (``notify_all`` is
+        Python code, and the producer takes a while to get the GIL back)."""
+        if self.capacity - len(self._items) - len(self._stash) >= self._room_wanted:
+            self._room_wanted = self.capacity + 1  # notified: a producer that waits again re-arms
             self._not_full.notify_all()
 
     def get_nowait(self) -> T | None:
-        """Pop the oldest item, or return None if empty."""
+        """Pop the oldest item, or return None if empty (consumer's thread only)."""
+        stash = self._stash
+        if stash:
+            item = stash.popleft()
+            # read without the lock: see _refill (and _took, under the lock, decides)
+            if self._blocked and self.capacity - len(self._items) - len(stash) >= self._room_wanted:
+                self.room_freed()
+            return item
         with self._lock:
-            if not self._items:
+            items = self._items
+            if not items:
                 return None
-            item = self._items.popleft()
+            item = items.popleft()
+            if self._stash_max and items:
+                self._refill(items)
             if self._blocked:
                 self._took()
             return item
 
+    def room_freed(self) -> None:
+        """After a pop from the stash that may have freed the room a blocked producer wants
+        (for consumers that pop the stash themselves): wake it if so."""
+        with self._lock:
+            self._took()
+
+    def _refill(self, items: deque[T]) -> None:
+        """Move the oldest items to the stash (lock held, stash empty). A producer that blocks
+        after the consumer read ``_blocked`` as 0 counted the stash as taken room, so it waits
+        only while there are items the consumer's next locked pop will find (and notify)."""
+        n = min(len(items), self._stash_max)
+        self._stash.extend(starmap(items.popleft, repeat((), n)))  # n pops, no bytecode per item
+
     def get_many_nowait(self, max_items: int) -> list[T]:
-        """Pop up to ``max_items`` of the oldest items (an empty list if none are waiting)."""
+        """Pop up to ``max_items`` of the oldest items (an empty list if none are waiting;
+        consumer's thread only)."""
+        stash = self._stash
+        out: list[T] = []
+        if stash:
+            if len(stash) <= max_items:
+                out = list(stash)
+                stash.clear()
+            else:
+                out = list(starmap(stash.popleft, repeat((), max_items)))
+            max_items -= len(out)
+            if not max_items:
+                if self._blocked:
+                    with self._lock:
+                        self._took()
+                return out
         with self._lock:
             items = self._items
             if len(items) <= max_items:
-                out = list(items)
+                out += items
                 items.clear()
             else:
-                take = items.popleft
-                out = [take() for _ in range(max_items)]
+                out += starmap(items.popleft, repeat((), max_items))
             if self._blocked and out:
                 self._took()
             return out
@@ -206,12 +260,12 @@ class BoundedBuffer(Generic[T]):
             BusClosedError: The buffer was closed and is empty.
         """
         while True:
+            item = self.get_nowait()
+            if item is not None:
+                return item
             with self._lock:
                 if self._items:
-                    item = self._items.popleft()
-                    if self._blocked:
-                        self._took()
-                    return item
+                    continue  # arrived meanwhile
                 if self._closed:
                     raise BusClosedError("subscription closed")
                 fut: asyncio.Future[None] = self._loop.create_future()
@@ -231,7 +285,8 @@ class BoundedBuffer(Generic[T]):
         """Close the buffer, wake all waiters and return what was left in it."""
         with self._lock:
             self._closed = True
-            left = list(self._items)
+            left = [*self._stash, *self._items]  # the stash: this runs on the consumer's thread
+            self._stash.clear()
             self._items.clear()
             self._not_full.notify_all()
             waiter = self._waiter

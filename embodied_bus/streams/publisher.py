@@ -172,7 +172,7 @@ class Publisher:
             seq = self._seq + 1
             now_ns = _time_ns()
             bucket = (stamp_ns - offset_ns) // width_ns
-            accepted = fast(seq, stamp_ns, bucket, now_ns, payload)
+            accepted = fast(seq, stamp_ns, bucket, now_ns, payload) >= 0
             self._seq = seq
             if accepted:
                 self.sent += 1
@@ -270,6 +270,33 @@ class Publisher:
         Under ``BLOCK`` this awaits while the engine's send queue is full, without blocking
         the event loop.
         """
+        fast = self._fast
+        if (  # the usual sample, as _publish sends it, inlined (one Python call less per sample)
+            fast is not None
+            and type(payload) is bytes
+            and encoding is None
+            and frame_id is None
+            and stamp_ns
+            and not stamp_fallback
+            and len(payload) <= self._limit
+            and not self._closed
+        ):
+            stream, mod, width_ns, offset_ns, enc, frame, pub_id = self._static
+            seq = self._seq + 1
+            now_ns = _time_ns()
+            bucket = (stamp_ns - offset_ns) // width_ns
+            backlog = fast(seq, stamp_ns, bucket, now_ns, payload)
+            self._seq = seq
+            if backlog >= 0:
+                self.sent += 1
+            else:
+                self.dropped += 1
+            if backlog > self._high_water:
+                await self._pub.wait_writable()
+            return _new_tuple(  # type: ignore[no-any-return]
+                Header,
+                (stream, mod, seq, stamp_ns, bucket, width_ns, offset_ns, enc, frame, pub_id, now_ns, _NONE),
+            )
         header = self._publish(payload, stamp_ns, encoding, frame_id, stamp_fallback, False)
         if self._backlog() > self._high_water:
             await self._pub.wait_writable()

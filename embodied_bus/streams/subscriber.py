@@ -6,7 +6,7 @@ import asyncio
 import logging
 import time
 from collections import Counter
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Iterator
 from itertools import repeat
 from operator import attrgetter, is_, itemgetter
 
@@ -28,16 +28,20 @@ _seq_of = itemgetter(_field("seq"))
 _source_of = itemgetter(_field("stream"), _field("publisher_id"))
 _publish_ns_of = itemgetter(_field("publish_ns"))
 _OUT_OF_ORDER = Verdict.OUT_OF_ORDER
-_sample_of = itemgetter(0)
-_ack_of = itemgetter(1)
-_lazy_of = itemgetter(2)
 _stream_of_sample = attrgetter("header.stream")
 
 #: Most samples :meth:`Subscription.recv_many` returns unless told otherwise.
 RECV_MANY_DEFAULT = 1024
 
-#: A buffered sample, its ack, and the engine buffer its payload is still to be copied from.
-_Item = tuple[Sample, AckFn | None, EngineBuffer | None]
+#: A buffered sample, its ack, and the engine buffer its payload is still to be copied from;
+#: or the sample alone when it has neither (the usual case: one object fewer per sample for
+#: the allocator and the garbage collector, which scans what sits in the buffer).
+_Item = tuple[Sample, AckFn | None, EngineBuffer | None] | Sample
+
+
+def _items(samples: Iterator[Sample], ack: AckFn | None) -> list[_Item]:
+    """Buffer items of samples that all have ``ack`` (and their payloads copied)."""
+    return list(samples if ack is None else zip(samples, repeat(ack), repeat(None)))
 
 
 class Subscription:
@@ -84,7 +88,8 @@ class Subscription:
             return
         item: _Item
         if isinstance(payload, bytes):
-            item = (Sample(header, payload, now, verdict is Verdict.OUT_OF_ORDER), ack, None)
+            sample = Sample(header, payload, now, verdict is Verdict.OUT_OF_ORDER)
+            item = sample if ack is None else (sample, ack, None)
         else:  # copied in _take (never, if drop_oldest drops it first)
             item = (Sample(header, b"", now, verdict is Verdict.OUT_OF_ORDER), ack, payload)
         dropped = self._buffer.put(item)
@@ -93,10 +98,7 @@ class Subscription:
                 # the subscription closed (maybe while this thread waited for room under
                 # BLOCK). Not acknowledged, so a durable subscription gets it again.
                 return
-            sample, dropped_ack, _ = dropped
-            self.stats[sample.header.stream].dropped += 1
-            if dropped_ack is not None:
-                dropped_ack()
+            self._dropped([dropped])
 
     def deliver_batch(self, items: list[tuple[Header, bytes]], ack: AckFn | None = None) -> None:
         """Called by the engine for the well-formed samples of one batch, in order: what
@@ -126,7 +128,7 @@ class Subscription:
                     latencies = list(map(now.__sub__, map(_publish_ns_of, headers)))
                     if run.observe_run(first.publisher_id, first.seq, sizes, latencies):
                         samples = map(Sample, headers, payloads, repeat(now))
-                        self._put_items(list(zip(samples, repeat(ack), repeat(None))))
+                        self._put_items(_items(samples, ack))
                         return
         keep_duplicates = self.options.deliver_duplicates
         st: StreamStats | None = None
@@ -142,7 +144,8 @@ class Subscription:
                 if ack is not None:
                     ack()
                 continue
-            out.append((Sample(header, payload, now, verdict is _OUT_OF_ORDER), ack, None))
+            sample = Sample(header, payload, now, verdict is _OUT_OF_ORDER)
+            out.append(sample if ack is None else (sample, ack, None))
         self._put_items(out)
 
     def deliver_run(self, run: HeaderRun, ack: AckFn | None = None) -> None:
@@ -163,7 +166,7 @@ class Subscription:
                 first.publisher_id, first.seq, run.sizes, list(map(now.__sub__, run.publish_ns))
             ):
                 samples = map(Sample, run.headers(), run.payloads, repeat(now))
-                self._put_items(list(zip(samples, repeat(ack), repeat(None))))
+                self._put_items(_items(samples, ack))
                 return
         self.deliver_batch(run.pairs(), ack)
 
@@ -186,7 +189,15 @@ class Subscription:
         # refused items (the subscription closed, maybe while this thread waited for room
         # under BLOCK) are not acknowledged, so a durable subscription gets them again
         dropped, _refused = self._buffer.put_many(items)
-        for sample, dropped_ack, _ in dropped:
+        self._dropped(dropped)
+
+    def _dropped(self, items: list[_Item]) -> None:
+        """Count (and acknowledge) the items drop_oldest discarded."""
+        for item in items:
+            if type(item) is Sample:
+                self.stats[item.header.stream].dropped += 1
+                continue
+            sample, dropped_ack, _ = item  # type: ignore[misc]
             self.stats[sample.header.stream].dropped += 1
             if dropped_ack is not None:
                 dropped_ack()
@@ -202,7 +213,12 @@ class Subscription:
 
     # -- application side ----------------------------------------------------------------
     def _take(self, item: _Item) -> Sample:
-        sample, ack, lazy = item
+        if type(item) is Sample:
+            st = self.stats.get(item.header.stream)
+            if st is not None:
+                st.delivered += 1
+            return item
+        sample, ack, lazy = item  # type: ignore[misc]
         if lazy is not None:
             sample.payload = lazy.to_bytes()
         if ack is not None:
@@ -266,11 +282,9 @@ class Subscription:
 
     def _take_many(self, items: list[_Item]) -> list[Sample]:
         n = len(items)
-        if not all(map(is_, map(_ack_of, items), repeat(None))) or not all(
-            map(is_, map(_lazy_of, items), repeat(None))
-        ):
+        if not all(map(is_, map(type, items), repeat(Sample))):
             return [self._take(item) for item in items]  # acks or payloads still to copy
-        samples = list(map(_sample_of, items))
+        samples: list[Sample] = items  # type: ignore[assignment]
         stats = self.stats
         if (
             n
@@ -291,13 +305,25 @@ class Subscription:
         return self
 
     async def __anext__(self) -> Sample:
-        item = self._buffer.get_nowait()
-        if item is None:
+        buf = self._buffer
+        stash = buf._stash
+        if stash:  # BoundedBuffer.get_nowait and _take, inlined (one sample: ~0.3 µs less)
+            item = stash.popleft()
+            if buf._blocked and buf.capacity - len(buf._items) - len(stash) >= buf._room_wanted:
+                buf.room_freed()
+            if type(item) is Sample:
+                st = self.stats.get(item.header.stream)
+                if st is not None:
+                    st.delivered += 1
+                return item
+            return self._take(item)
+        waiting = buf.get_nowait()
+        if waiting is None:
             try:
-                item = await self._buffer.get()
+                waiting = await self._buffer.get()
             except BusClosedError:
                 raise StopAsyncIteration from None
-        return self._take(item)
+        return self._take(waiting)
 
     async def catch_up(self, timeout_s: float) -> bool:
         """Wait until every sample the engine had stored for this subscription when called is in
