@@ -163,9 +163,14 @@ class BoundedBuffer(Generic[T]):
         self.waits += 1
         self._blocked += 1
         try:
-            while self.capacity - len(self._items) - len(self._stash) < want and not self._closed:
-                # several blocked producers: wake at the smallest room any of them wants
+            while True:
+                # several blocked producers: wake at the smallest room any of them wants. Set
+                # before the room is measured: the consumer pops its stash without the lock,
+                # and one that pops after the measurement must see what this producer wants
+                # (it then notifies, once this wait has released the lock).
                 self._room_wanted = want if self._blocked == 1 else min(want, self._room_wanted)
+                if self.capacity - len(self._items) - len(self._stash) >= want or self._closed:
+                    break
                 self._not_full.wait(0.5)
         finally:
             self._blocked -= 1
