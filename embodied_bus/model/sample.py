@@ -3,9 +3,9 @@
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass, field
 from typing import Any
 
+import msgspec
 import numpy as np
 
 from embodied_bus.errors import EncodingError
@@ -18,9 +18,14 @@ __all__ = ["Payload", "Sample"]
 Payload = bytes | bytearray | memoryview | np.ndarray
 
 
-@dataclass(slots=True)
-class Sample:
+class Sample(msgspec.Struct, gc=False):
     """One sample of a stream as seen by a subscriber.
+
+    A ``msgspec.Struct`` that the garbage collector does not track (built in C and never
+    scanned: a subscription buffers thousands of samples at high rates, and scanning them
+    cost up to ~10 % of a small-sample stream's CPU). Nothing the bus puts in a sample refers
+    back to it; don't make a reference cycle through one (e.g. an ``ack_fn`` that refers to its
+    own sample), or the cycle is freed only when broken.
 
     Attributes:
         header: The decoded wire header.
@@ -35,7 +40,13 @@ class Sample:
     payload: bytes | memoryview
     receive_ns: int
     out_of_order: bool = False
-    ack_fn: Callable[[], None] | None = field(default=None, repr=False, compare=False)
+    ack_fn: Callable[[], None] | None = None
+
+    def __repr__(self) -> str:
+        return (
+            f"Sample(header={self.header!r}, payload={self.payload!r}, receive_ns={self.receive_ns!r}, "
+            f"out_of_order={self.out_of_order!r})"
+        )
 
     def ack(self) -> None:
         """Acknowledge the sample (no-op if it was acknowledged on receipt or the engine has
