@@ -501,6 +501,9 @@ _BURSTS = {
     # one publisher's same-shape headers: decoded in one pass
     "equal": (lambda i: bytes([i % 251]) * 16, 1),
     "empty": (lambda i: b"", 1),
+    # ~1 KiB samples of varying length: batch bodies of 64-256 KiB, assembled in the Zenoh
+    # sender's kept buffers (each batch copied out of them before the next overwrites them)
+    "kib": (lambda i: bytes([i % 251]) * (512 + (i * 37) % 1024), 1),
 }
 
 

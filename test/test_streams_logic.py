@@ -13,6 +13,7 @@ from hypothesis import strategies as st
 
 from embodied_bus import Backpressure, BusClosedError, BusConfigError
 from embodied_bus.engines.urls import PulsarSettings, ZenohSettings, parse_bus_url
+from embodied_bus.engines.zenoh_engine import BODY_REUSE_MIN_BYTES, _BodyBuffers
 from embodied_bus.model import Header, Modality
 from embodied_bus.model.qos import SubscriptionOptions
 from embodied_bus.model.wire import HeaderRun
@@ -300,6 +301,33 @@ async def test_close_returns_stashed_items_first() -> None:
     assert buf.close() == list(range(4, STASH_MAX + 10))
 
 
+def test_the_zenoh_sender_assembles_large_batch_bodies_in_kept_buffers_without_reallocating() -> None:
+    bodies = _BodyBuffers(256 * 1024)
+    allocated: dict[int, int] = {}
+    # bodies of every size class, growing and shrinking within each, and small ones joined afresh
+    for total in (200_000, 262_144, 131_073, 70_000, 150_000, 255_000, 65_536, 1_000, 100_000, 260_000):
+        parts = [bytes([(total + i) % 251]) * n for i, n in enumerate(_split(total))]
+        body = bodies.body(parts, total)
+        assert body == b"".join(parts)
+        if total < BODY_REUSE_MIN_BYTES:
+            assert type(body) is bytes
+            continue
+        assert type(body) is bytearray
+        assert allocated.setdefault(id(body), body.__alloc__()) == body.__alloc__()  # never reallocated
+    assert len(allocated) == 3  # one kept buffer per size class: 256, 128 and 64 KiB
+
+
+def _split(total: int) -> list[int]:
+    sizes = [700 + (i * 53) % 900 for i in range(total // 700 + 1)]
+    out, left = [], total
+    for n in sizes:
+        if left <= 0:
+            break
+        out.append(min(n, left))
+        left -= out[-1]
+    return out
+
+
 async def test_get_times_out_and_close_wakes_a_waiting_consumer() -> None:
     buf: BoundedBuffer[int] = BoundedBuffer(2, Backpressure.BLOCK, asyncio.get_running_loop())
     with pytest.raises(TimeoutError):
@@ -444,6 +472,7 @@ def test_the_zenoh_sender_cuts_a_burst_into_the_same_puts_on_its_fast_and_genera
             _put=lambda body, attachment: out.append((bytes(attachment), bytes(body))),
             _shm_threshold=None,
             batches=0,
+            _bodies=_BodyBuffers(256 * 1024),
         )
         fake._put_one = lambda body, att: _ZenohPublisher._put_one(fake, body, att)  # type: ignore[arg-type]
         fake._put_run = lambda atts, bodies: _ZenohPublisher._put_run(fake, atts, bodies)  # type: ignore[arg-type]

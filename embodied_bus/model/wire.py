@@ -14,7 +14,7 @@ import enum
 import logging
 import re
 import struct
-from collections.abc import Iterable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from itertools import accumulate, chain, repeat
 from typing import NamedTuple
 
@@ -335,16 +335,29 @@ def encode_batch(entries: list[tuple[bytes, bytes | bytearray]]) -> tuple[bytes,
         ``(attachment, payload)``.
     """
     headers, payloads = zip(*entries, strict=True)
-    return encode_batch_parts(headers, payloads)
+    attachment, payload = encode_batch_parts(headers, payloads)
+    assert isinstance(payload, bytes)  # joined by b"".join
+    return attachment, payload
 
 
 def encode_batch_parts(
-    headers: Sequence[bytes], payloads: Sequence[bytes | bytearray]
-) -> tuple[bytes, bytes]:
-    """:func:`encode_batch` of ``zip(headers, payloads)`` (the two as separate sequences)."""
-    table = list(chain.from_iterable(zip(map(len, headers), map(len, payloads), strict=True)))
+    headers: Sequence[bytes],
+    payloads: Sequence[bytes | bytearray],
+    join: Callable[[Sequence[bytes | bytearray], int], bytes | bytearray] | None = None,
+) -> tuple[bytes, bytes | bytearray]:
+    """:func:`encode_batch` of ``zip(headers, payloads)`` (the two as separate sequences).
+
+    Args:
+        headers: Encoded headers.
+        payloads: Their payloads.
+        join: Concatenates the payloads, given them and their total length in bytes (None:
+            ``b"".join``), e.g. into a buffer the caller keeps.
+    """
+    sizes = list(map(len, payloads))
+    table = list(chain.from_iterable(zip(map(len, headers), sizes, strict=True)))
     head = _BATCH_HEAD.pack(WIRE_MAGIC, BATCH_LAYOUT, len(headers)) + struct.pack(f"<{len(table)}I", *table)
-    return head + b"".join(headers), b"".join(payloads)
+    body = b"".join(payloads) if join is None else join(payloads, sum(sizes))
+    return head + b"".join(headers), body
 
 
 def _batch_table(attachment: bytes, payload: bytes) -> tuple[int, tuple[int, ...]]:
