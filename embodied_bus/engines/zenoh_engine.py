@@ -323,7 +323,9 @@ class _BodyBuffers:
     allocation is kept too: a length between half and all of a buffer's size is reached by
     resizing within its allocation (CPython reallocates a ``bytearray`` only to grow past it or
     to shrink below half of it). zenoh-python copies a ``bytearray`` during ``put``, so the
-    buffer is free again when ``put`` returns. For the sender thread only.
+    buffer is free again when ``put`` returns. Used by one thread: a ``block`` publisher's
+    sender thread, or the thread that publishes runs to a ``drop_oldest`` publisher (which has
+    no sender thread: its runs are put by ``publish_many`` on the event loop).
     """
 
     def __init__(self, max_bytes: int) -> None:
@@ -403,7 +405,7 @@ class _ZenohPublisher(EnginePublisher):
         self._shm: Any = None
         self._shm_lock = threading.Lock()
         self._closed = False
-        self._bodies = _BodyBuffers(BATCH_MAX_BYTES)  # used by the sender thread only
+        self._bodies = _BodyBuffers(BATCH_MAX_BYTES)  # by whichever thread runs _put_all
         self._tail_key: tuple[str, str, str] = ("", "", "")
         self._tail = encode_strings("", "", "")
 
