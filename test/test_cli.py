@@ -6,6 +6,7 @@ import json
 import os
 import subprocess
 import sys
+import time
 
 from embodied_bus import __version__
 from embodied_bus.testing.ports import free_port
@@ -314,6 +315,20 @@ def test_top_shows_the_action_backlog_of_a_zenoh_queue_service(tmp_path) -> None
     assert actions["backlog"]["dock/p3"]["queued"] == 1
     assert actions["totals"] == {"queued": 1}
     assert "dock/p3" in screen.stdout and "queued" in screen.stdout
+
+
+def test_top_reads_the_action_backlog_from_the_pulsar_state_log(pulsar_url: str) -> None:
+    ns = f"clitopp{time.monotonic_ns()}"
+    bus = ["--bus", pulsar_url, "--ns", ns]
+    sent = run("send", "dock", *bus, "--priority", "3", "--payload", '{"station": 2}')
+    assert sent.returncode == 0, sent.stderr
+    top = run("top", *bus, "--duration", "6", "--interval", "1", "--json")
+    assert top.returncode == 0, top.stderr
+    lines = [json.loads(line) for line in top.stdout.splitlines()]
+    actions = lines[-1]["actions"]  # read in the background: there by the end
+    assert actions is not None, lines
+    assert actions["backlog"]["dock/p3"]["queued"] == 1
+    assert actions["totals"] == {"queued": 1}
 
 
 def test_top_says_when_no_action_queue_answers() -> None:

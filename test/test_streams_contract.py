@@ -729,6 +729,30 @@ async def test_subscribing_to_all_streams_sees_every_stream(bus_pair: BusPair) -
     assert set(sub.stats) == {"lidar/front", "lidar/rear", "imu"}
 
 
+async def test_on_pulsar_a_subscription_to_every_stream_skips_the_action_queue(bus_pair: BusPair) -> None:
+    if bus_pair.engine != "pulsar":
+        pytest.skip("the action queue has topics of its own next to the streams' on Pulsar only")
+    from embodied_bus.actions import Planner
+
+    async with Planner(bus_pair.publisher_bus) as planner:
+        await planner.submit("dock", {"station": 1})  # the state log and a priority topic exist
+        pub = await bus_pair.publisher_bus.publisher("imu", options=BLOCK)
+        sub = await bus_pair.subscriber_bus.subscribe(None, options=SubscriptionOptions(capacity=100))
+
+        async def until_seen() -> None:
+            i = 0
+            while sub.stats.get("imu") is None or sub.stats["imu"].received < 5:
+                i += 1
+                await planner.submit("dock", {"station": i})  # more state-log and queue messages
+                await pub.publish(b"x", stamp_ns=i)
+                await pub.flush()
+                await asyncio.sleep(0.1)
+
+        await asyncio.wait_for(until_seen(), 30)
+    assert set(sub.stats) == {"imu"}
+    assert sub.malformed == 0, sub.last_error
+
+
 async def test_closing_a_full_durable_subscription_loses_nothing_it_did_not_hand_out(
     bus_pair: BusPair,
 ) -> None:

@@ -11,12 +11,12 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from embodied_bus import Backpressure, BusClosedError, BusConfigError
+from embodied_bus import Backpressure, BusClosedError, BusConfigError, HeaderError
 from embodied_bus.engines.urls import PulsarSettings, ZenohSettings, parse_bus_url
 from embodied_bus.engines.zenoh_engine import BODY_REUSE_MIN_BYTES, _BodyBuffers
 from embodied_bus.model import Header, Modality
 from embodied_bus.model.qos import SubscriptionOptions
-from embodied_bus.model.wire import HeaderRun
+from embodied_bus.model.wire import HeaderRun, validate_stream_name
 from embodied_bus.streams import BoundedBuffer, SequenceTracker, Subscription, Verdict
 from embodied_bus.streams.backpressure import REFUSED, RESUME_FRACTION, STASH_MAX
 from embodied_bus.streams.tracker import MAX_TRACKED_MISSING
@@ -337,6 +337,17 @@ async def test_get_times_out_and_close_wakes_a_waiting_consumer() -> None:
     buf.close()
     with pytest.raises(BusClosedError):
         await asyncio.wait_for(waiter, 2)
+
+
+@pytest.mark.parametrize("name", ["actions/state", "actions/dlq", "actions/q0/dock", "actions/q9/arm/pick"])
+def test_stream_names_that_are_the_pulsar_action_queues_topics_are_refused_by_name(name: str) -> None:
+    with pytest.raises(HeaderError, match=f"{name!r} is reserved"):
+        validate_stream_name(name)
+
+
+@pytest.mark.parametrize("name", ["actions", "actions/feedback", "actions/q10/x", "robot/actions/state"])
+def test_other_stream_names_under_actions_are_free(name: str) -> None:
+    assert validate_stream_name(name) == name
 
 
 def test_default_url_is_an_embedded_zenoh_peer_without_scouting() -> None:

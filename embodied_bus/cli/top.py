@@ -1,9 +1,10 @@
 """``embodied-bus top``: a live terminal view of the bus.
 
 Per stream: rate, bandwidth, gaps, drops, latency. Per fusion pipeline (``frames/*`` streams):
-frames, completeness, skew, late samples, added latency. Per action kind and priority (Zenoh,
-once a queue service answers): queued, leased, retrying, dead, and the queue's totals. On
-Pulsar the action queue is its topics, read by ``embodied-bus actions``.
+frames, completeness, skew, late samples, added latency. Per action kind and priority: queued,
+leased, retrying, dead, and the queue's totals (Zenoh: once a queue service answers; Pulsar:
+read from the action state log in the background, as ``embodied-bus actions`` reads it, so the
+first figures come once the log has been read).
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ from typing import Any
 
 import numpy as np
 
+from embodied_bus.actions import Planner
 from embodied_bus.bus import Bus, open_bus
 from embodied_bus.cli.common import (
     add_bus_args,
@@ -29,13 +31,13 @@ from embodied_bus.cli.common import (
     queue_backlog,
 )
 from embodied_bus.cli.streams import stream_rows
-from embodied_bus.errors import EncodingError
+from embodied_bus.errors import EmbodiedBusError, EncodingError
 from embodied_bus.fusion.codec import FRAME_ENCODING, decode_frame
 from embodied_bus.metrics import MetricsExporter
 from embodied_bus.model.qos import SubscriptionOptions
 from embodied_bus.streams.subscriber import Subscription
 
-__all__ = ["FusionView", "add_parser"]
+__all__ = ["FusionView", "PulsarBacklog", "add_parser"]
 
 _log = logging.getLogger("embodied_bus.cli.top")
 
@@ -43,6 +45,8 @@ COLUMNS = ["stream", "rate_hz", "bandwidth_MBps", "gaps", "dropped", "latency_p5
 ACTION_COLUMNS = ["kind/priority", "queued", "leased", "retrying", "dead"]
 #: Longest wait for the action queue service's answer per refresh, seconds.
 ACTIONS_TIMEOUT_S = 0.5
+#: Pause between two reads of the Pulsar action backlog, seconds.
+PULSAR_BACKLOG_EVERY_S = 1.0
 
 
 @dataclass
@@ -103,17 +107,51 @@ async def _watch(sub: Subscription, views: dict[str, FusionView], stop: asyncio.
             v.added_ms.append((s.header.publish_ns - f.last_arrival_ns) / 1e6)
 
 
-async def _action_backlog(bus: Bus) -> dict[str, Any] | None:
-    """The Zenoh action queue service's backlog and totals, or None where none answers (or
-    on Pulsar, whose queue is read from its topics by ``embodied-bus actions``)."""
+class PulsarBacklog:
+    """The action backlog on Pulsar, read by a planner from the action state log in a
+    background task: a refresh of ``top`` never waits for it (the first read replays the log),
+    it shows the latest answer."""
+
+    def __init__(self, bus: Bus) -> None:
+        self._planner = Planner(bus)
+        #: The latest backlog and totals, None until the log has been read once.
+        self.latest: dict[str, Any] | None = None
+        #: Why the latest read failed, if it did.
+        self.error: str | None = None
+        self._task = asyncio.create_task(self._poll())
+
+    async def _poll(self) -> None:
+        while True:
+            try:
+                reply = await self._planner.backlog()
+            except (EmbodiedBusError, TimeoutError) as err:  # shown; the next read may succeed
+                self.error = str(err) or type(err).__name__
+            else:
+                self.latest = {"backlog": reply["backlog"], "totals": reply.get("stats")}
+                self.error = None
+            await asyncio.sleep(PULSAR_BACKLOG_EVERY_S)
+
+    async def close(self) -> None:
+        self._task.cancel()
+        await asyncio.gather(self._task, return_exceptions=True)
+        await self._planner.close()
+
+
+async def _action_backlog(bus: Bus, pulsar: PulsarBacklog | None) -> dict[str, Any] | None:
+    """The action backlog and totals: on Zenoh the queue service's answer (None where none
+    answers), on Pulsar the latest read of the state log (None before the first)."""
+    if pulsar is not None:
+        return pulsar.latest
     reply = await queue_backlog(bus, ACTIONS_TIMEOUT_S)
     return None if reply is None else {"backlog": reply["backlog"], "totals": reply.get("stats")}
 
 
-def _actions_text(bus: Bus, actions: dict[str, Any] | None) -> str:
+def _actions_text(bus: Bus, actions: dict[str, Any] | None, pulsar: PulsarBacklog | None = None) -> str:
     if actions is None:
-        if bus.engine_name != "zenoh":
-            return "actions: on Pulsar, see `embodied-bus actions`"
+        if pulsar is not None:
+            if pulsar.error is not None:
+                return f"actions: cannot read the action state log: {pulsar.error}"
+            return "actions: reading the action state log ..."
         return "actions: no action queue service answered"
     rows = [{"kind/priority": k, **v} for k, v in sorted(actions["backlog"].items())]
     table = fmt_table(rows, ACTION_COLUMNS) if rows else "actions: none queued"
@@ -131,6 +169,7 @@ async def run(args: argparse.Namespace) -> int:
         if exporter is not None:
             exporter.add_streams(lambda: stream_rows(sub))
         task = asyncio.create_task(_watch(sub, views, stop))
+        pulsar = PulsarBacklog(bus) if bus.engine_name == "pulsar" else None
         t0 = time.monotonic()
         tty = sys.stdout.isatty() and not args.json
         while not stop.is_set():
@@ -140,7 +179,7 @@ async def run(args: argparse.Namespace) -> int:
                 pass
             rows = [r for r in stream_rows(sub) if not str(r["stream"]).startswith("frames/")]
             fusion = [v.row(k) for k, v in sorted(views.items())]
-            actions = await _action_backlog(bus)
+            actions = await _action_backlog(bus, pulsar)
             if args.json:
                 print(
                     json.dumps(
@@ -168,11 +207,13 @@ async def run(args: argparse.Namespace) -> int:
                             ["pipeline", "frames", "complete_pct", "skew_p99_ms", "added_p99_ms", "late"],
                         )
                     )
-                screen += ["", _actions_text(bus, actions)]
+                screen += ["", _actions_text(bus, actions, pulsar)]
                 print(("\x1b[2J\x1b[H" if tty else "") + "\n".join(screen), flush=True)
             if args.duration and time.monotonic() - t0 >= args.duration:
                 stop.set()
         await task
+        if pulsar is not None:
+            await pulsar.close()
         if exporter is not None:
             exporter.close()
     return 0

@@ -112,8 +112,12 @@ def stream_topic(settings: PulsarSettings, stream: str) -> str:
 
 
 def _pattern(settings: PulsarSettings) -> re.Pattern[str]:
-    prefix = f"persistent://{settings.tenant}/{settings.pulsar_namespace}/eb.{settings.namespace}."
-    return re.compile(re.escape(prefix) + r"[A-Za-z0-9_\-.]+")
+    """Every stream topic of the bus namespace: not the action queue's topics (its state log,
+    dead letters and priority levels share the prefix; stream names that would map onto them
+    are reserved). Without the ``persistent://`` domain, which the client only warns about:
+    a pattern subscription reads persistent topics by default."""
+    prefix = f"{settings.tenant}/{settings.pulsar_namespace}/eb.{settings.namespace}."
+    return re.compile(re.escape(prefix) + r"(?!actions\.(?:q[0-9]\.|state$|dlq$))[A-Za-z0-9_\-.]+")
 
 
 #: A BLOCK publisher's ``publish`` starts to await once this many samples await the broker's

@@ -62,6 +62,10 @@ MAX_NAME_BYTES = 1024
 HEADER_STRUCT = struct.Struct("<2sBBBxQqqQqQqHHH")
 
 _STREAM_RE = re.compile(r"^[A-Za-z0-9_\-]+(/[A-Za-z0-9_\-]+)*$")
+#: Stream names that would map onto the action queue's own Pulsar topics (``actions.state``,
+#: ``actions.dlq``, ``actions.q<P>.<kind>``): reserved on every engine, so that code moves
+#: between engines unchanged.
+_RESERVED_STREAM_RE = re.compile(r"^actions/(state|dlq|q[0-9]/.+)$")
 
 
 class Modality(enum.IntEnum):
@@ -150,6 +154,11 @@ def validate_stream_name(stream: str) -> str:
         )
     if len(stream.encode()) > MAX_NAME_BYTES:
         raise HeaderError(f"stream name longer than {MAX_NAME_BYTES} bytes")
+    if _RESERVED_STREAM_RE.match(stream):
+        raise HeaderError(
+            f"stream name {stream!r} is reserved: actions/state, actions/dlq and actions/q<0-9>/... "
+            "are the action queue's own topics on Pulsar (other names under actions/ are free)"
+        )
     return stream
 
 
