@@ -729,6 +729,26 @@ async def test_subscribing_to_all_streams_sees_every_stream(bus_pair: BusPair) -
     assert set(sub.stats) == {"lidar/front", "lidar/rear", "imu"}
 
 
+async def test_a_subscription_to_every_stream_finds_a_stream_that_starts_after_it(bus_pair: BusPair) -> None:
+    # Pulsar: the topic pattern is looked up again every PATTERN_DISCOVERY_S (pulsar-client-python
+    # left its own argument unused: 60 s)
+    sub = await bus_pair.subscriber_bus.subscribe(None, options=SubscriptionOptions(capacity=100))
+    await asyncio.sleep(0.5)  # subscribed before the stream's topic exists
+    pub = await bus_pair.publisher_bus.publisher("late/starter", options=BLOCK)
+    started = time.monotonic()
+
+    async def until_seen() -> None:
+        i = 0
+        while "late/starter" not in sub.stats:
+            i += 1
+            await pub.publish(b"x", stamp_ns=i)
+            await pub.flush()
+            await asyncio.sleep(0.1)
+
+    await asyncio.wait_for(until_seen(), 15)
+    assert time.monotonic() - started < 15
+
+
 async def test_on_pulsar_a_subscription_to_every_stream_skips_the_action_queue(bus_pair: BusPair) -> None:
     if bus_pair.engine != "pulsar":
         pytest.skip("the action queue has topics of its own next to the streams' on Pulsar only")

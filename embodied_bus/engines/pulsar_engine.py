@@ -120,6 +120,43 @@ def _pattern(settings: PulsarSettings) -> re.Pattern[str]:
     return re.compile(re.escape(prefix) + r"(?!actions\.(?:q[0-9]\.|state$|dlq$))[A-Za-z0-9_\-.]+")
 
 
+#: A subscription to every stream looks for new stream topics this often, seconds.
+PATTERN_DISCOVERY_S = 1
+
+
+def _subscribe_pattern(client: pulsar.Client, pattern: re.Pattern[str], name: str, **kwargs: Any) -> Any:
+    """``client.subscribe(pattern, name, **kwargs)`` with the topic discovery period set to
+    :data:`PATTERN_DISCOVERY_S`: pulsar-client-python checks its ``pattern_auto_discovery_period``
+    argument and never passes it on (apache/pulsar-client-python#171), so a subscription to
+    every stream found a stream that started after it only within the client's default 60 s.
+    Falls back to the public call (and its 60 s) if the client's native API differs."""
+    native = getattr(pulsar, "_pulsar", None)
+    try:
+        conf = native.ConsumerConfiguration()  # type: ignore[union-attr]
+        conf.consumer_type(kwargs.get("consumer_type", pulsar.ConsumerType.Exclusive))
+        conf.receiver_queue_size(kwargs.get("receiver_queue_size", 1000))
+        conf.subscription_initial_position(kwargs.get("initial_position", pulsar.InitialPosition.Latest))
+        conf.max_pending_chunked_message(kwargs.get("max_pending_chunked_message", 10))
+        conf.auto_ack_oldest_chunked_message_on_queue_full(
+            kwargs.get("auto_ack_oldest_chunked_message_on_queue_full", False)
+        )
+        if "key_shared_policy" in kwargs:
+            conf.key_shared_policy(kwargs["key_shared_policy"].policy())
+        schema = pulsar.schema.BytesSchema()
+        conf.schema(schema.schema_info())
+        conf.pattern_auto_discovery_period(PATTERN_DISCOVERY_S)
+        consumer = pulsar.Consumer()
+        consumer._consumer = client._client.subscribe_pattern(pattern.pattern, name, conf)
+    except (AttributeError, TypeError) as err:
+        _logger.debug("native pattern subscription unavailable (%s): the public call", err)
+        return client.subscribe(pattern, name, **kwargs)
+    consumer._client = client
+    consumer._schema = schema
+    schema.attach_client(client._client)
+    client._consumers.append(consumer)
+    return consumer
+
+
 #: A BLOCK publisher's ``publish`` starts to await once this many samples await the broker's
 #: confirmation (the client's own send queue holds 1,000: the event loop never blocks in a full
 #: one) ...
@@ -824,11 +861,10 @@ class PulsarEngine(Engine):
                 key_shared_mode=pulsar.KeySharedMode.Sticky,
                 sticky_ranges=list(options.key_shared_ranges),
             )
-        if stream is None:
-            kwargs["pattern_auto_discovery_period"] = 1
         what = "all streams" if stream is None else ", ".join(stream) if isinstance(stream, tuple) else stream
+        subscribe = partial(_subscribe_pattern, self.client) if stream is None else self.client.subscribe
         try:
-            consumer = await asyncio.to_thread(self.client.subscribe, topic, name, **kwargs)
+            consumer = await asyncio.to_thread(subscribe, topic, name, **kwargs)
         except pulsar.PulsarException as err:
             raise BusConnectionError(f"cannot subscribe to {what!r} on Pulsar: {err}") from err
         return _PulsarSubscriber(consumer, sink, name, ephemeral, single_topic=isinstance(stream, str))
