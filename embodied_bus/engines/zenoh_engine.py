@@ -344,12 +344,9 @@ class _BodyBuffers:
         caps = self._caps
         if not caps or n < BODY_REUSE_MIN_BYTES or n > caps[0]:
             return b"".join(parts)
-        cap = caps[0]
-        for c in caps:
-            if c >= n:
-                cap = c
-        if n <= cap // 2:  # under the smallest buffer's half (only between 64 and ~64 KiB + 1)
-            return b"".join(parts)
+        # the smallest cap >= n; n > cap / 2 then holds (the smallest cap is under twice
+        # BODY_REUSE_MIN_BYTES), so resizing to n never reallocates
+        cap = min(c for c in caps if c >= n)
         buf = self._bufs.get(cap)
         if buf is None:
             buf = self._bufs[cap] = bytearray(cap)
@@ -361,12 +358,10 @@ class _BodyBuffers:
             have = len(buf)
             if n < have:
                 del buf[n:]  # within the allocation: no realloc (n > cap / 2)
-                buf[:] = view[:n]  # same length: a copy only
             elif n > have:
                 buf[have:] = view[have:n]  # grows within the allocation (n <= cap)
-                buf[:have] = view[:have]
-            else:
-                buf[:] = view[:n]
+            keep = min(n, have)
+            buf[:keep] = view[:keep]  # same length: a copy only
         finally:
             view.release()
         return buf
