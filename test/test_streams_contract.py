@@ -468,7 +468,7 @@ async def test_a_lossless_publisher_keeps_a_bounded_number_of_bytes_in_flight(bu
         limit = SENDER_HIGH_WATER_BYTES
 
         def in_flight() -> int:
-            return sum(len(body) for body, _, _ in list(engine_pub._sender._items))
+            return sum(map(len, list(engine_pub._sender._payloads)))
     else:
         limit = PULSAR_HIGH_WATER * PULSAR_SLOT_BYTES
 

@@ -493,7 +493,8 @@ def test_the_zenoh_sender_cuts_a_burst_into_the_same_puts_on_its_fast_and_genera
             sizes = [len(a) + len(b) for a, b in zip(atts, bodies, strict=True)]
             assert _ZenohPublisher._put_small(fake, atts, bodies, sizes) is None  # type: ignore[arg-type]
         else:
-            assert _ZenohPublisher._put_mixed(fake, items) is None  # type: ignore[arg-type]
+            bodies, atts = [body for body, _, _ in items], [att for _, att, _ in items]
+            assert _ZenohPublisher._put_mixed(fake, bodies, atts) is None  # type: ignore[arg-type]
         return out
 
     assert puts(fast=True) == puts(fast=False)
@@ -505,19 +506,56 @@ async def test_a_flush_returns_even_when_a_wake_up_is_lost_or_the_counts_disagre
     neither a lost wake-up nor a miscount can keep it waiting for good."""
     from embodied_bus.engines.zenoh_engine import SENDER_RECHECK_S, _SenderThread
 
-    put: list[int] = []
+    put: list[bytes] = []
 
-    def put_all(items: list[tuple[object, bytes, int]]) -> None:
-        put.extend(slots for _, _, slots in items)
+    def put_all(bodies: list[bytes], atts: list[bytes]) -> None:
+        put.extend(bodies)
 
     sender = _SenderThread("t", put_all, 4, asyncio.get_running_loop())
     try:
         sender._wake_all = lambda: None  # type: ignore[method-assign]  # every wake-up lost
-        for _ in range(3):
-            sender.push(b"x", b"h", 1)
+        for i in range(3):
+            sender.push(b"x%d" % i, b"h", 2)
         await asyncio.wait_for(sender.wait_below(0), 5 * SENDER_RECHECK_S)
-        assert put == [1, 1, 1] and sender.backlog() == 0
+        assert put == [b"x0", b"x1", b"x2"] and sender.backlog() == 0
         sender._pushed_slots += 2  # counted, never queued
         await asyncio.wait_for(sender.wait_below(0), 5 * SENDER_RECHECK_S)
+    finally:
+        sender.close()
+
+
+async def test_the_zenoh_sender_puts_every_payload_with_its_own_header_in_order_while_it_is_fed() -> None:
+    """Payloads and headers wait in two queues (no tuple per sample); pushed from the loop while
+    the sender thread drains them, every payload still goes out with its own header, in order,
+    and the slot counts come back to zero (large payloads count one slot per _SLOT_BYTES)."""
+    from embodied_bus.engines.zenoh_engine import _SLOT_BYTES, _SenderThread, _slots
+
+    assert _slots([]) == 0 and _slots([b"", b"x" * _SLOT_BYTES]) == 2
+    assert _slots([b"x" * (_SLOT_BYTES + 1), b"y"]) == 3
+    got: list[tuple[bytes, bytes]] = []
+
+    def put_all(bodies: list[bytes], atts: list[bytes]) -> None:
+        assert len(bodies) == len(atts)
+        got.extend(zip(bodies, atts, strict=True))
+
+    sender = _SenderThread("t", put_all, 1 << 30, asyncio.get_running_loop())
+    want: list[tuple[bytes, bytes]] = []
+    try:
+        big = b"B" * (2 * _SLOT_BYTES + 1)
+        for i in range(3000):
+            if i % 7 == 0:
+                run = [(b"r%d.%d" % (i, k), b"R%d.%d" % (i, k)) for k in range(5)]
+                sender.push_many([p for p, _ in run], [h for _, h in run])
+                want.extend(run)
+            else:
+                payload = big + b"%d" % i if i % 101 == 0 else b"p%d" % i
+                sender.push(payload, b"h%d" % i, len(payload))
+                want.append((payload, b"h%d" % i))
+            if i % 50 == 0:
+                await asyncio.sleep(0)  # let the thread take some mid-stream
+        with pytest.raises(ValueError, match="2 payloads but 1 headers"):
+            sender.push_many([b"a", b"b"], [b"h"])
+        await asyncio.wait_for(sender.wait_below(0), 10)
+        assert got == want and sender.backlog() == 0
     finally:
         sender.close()

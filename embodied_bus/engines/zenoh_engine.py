@@ -17,7 +17,7 @@ from bisect import bisect_right
 from collections import deque
 from collections.abc import Callable, Sequence
 from itertools import accumulate, repeat, starmap
-from operator import add, itemgetter
+from operator import add
 from typing import Any
 
 import zenoh
@@ -85,7 +85,6 @@ _SLOT_BYTES = SENDER_HIGH_WATER_BYTES // SENDER_HIGH_WATER
 SENDER_RECHECK_S = 0.5
 #: Allocation policy of the shared-memory pool: collect freed segments, never wait.
 _SHM_ALLOC = zenoh.shm.GarbageCollect()
-_slots_of = itemgetter(2)
 #: How long a request waits past its own timeout for Zenoh to say it is done, seconds (a
 #: session closed under a query never does).
 REQUEST_GRACE_S = 1.0
@@ -166,6 +165,15 @@ def build_zenoh_config(settings: ZenohSettings) -> zenoh.Config:
     return cfg
 
 
+def _slots(payloads: Sequence[Any]) -> int:
+    """Sender-queue slots of these payloads: one per sample, or one per :data:`_SLOT_BYTES` of
+    a larger payload."""
+    sizes = list(map(len, payloads))
+    if max(sizes, default=0) <= _SLOT_BYTES:
+        return len(sizes)
+    return sum((size + _SLOT_BYTES - 1) // _SLOT_BYTES or 1 for size in sizes)
+
+
 class _SenderThread:
     """Runs blocking ``put`` calls off the event loop (Zenoh congestion control BLOCK).
 
@@ -179,14 +187,17 @@ class _SenderThread:
     def __init__(
         self,
         name: str,
-        put_all: Callable[[list[tuple[Any, bytes, int]]], BaseException | None],
+        put_all: Callable[[list[Any], list[bytes]], BaseException | None],
         high_water: int,
         loop: asyncio.AbstractEventLoop,
     ) -> None:
         self._put_all = put_all
         self._loop = loop
         self.high_water = high_water
-        self._items: deque[tuple[Any, bytes, int]] = deque()  # (payload, header, slots)
+        # the queued samples' payloads and headers, in two queues (no tuple per sample): a
+        # sample's payload is appended before its header, so each header has its payload
+        self._payloads: deque[Any] = deque()
+        self._atts: deque[bytes] = deque()
         # slots pushed (by the publishing thread) and sent (by this thread): each has one writer
         self._pushed_slots = 0
         self._sent_slots = 0
@@ -204,14 +215,14 @@ class _SenderThread:
         # for items under the lock before it waits (so an item appended before ``_idle`` is
         # set is seen, and one appended after finds ``_idle`` set and notifies). Taking the
         # lock on every push made the publishing loop queue behind the sender thread.
-        slots = (size + _SLOT_BYTES - 1) // _SLOT_BYTES or 1
-        self._items.append((payload, attachment, slots))
-        self._pushed_slots += slots  # written by the publishing thread only
+        self._payloads.append(payload)
+        self._atts.append(attachment)
+        self._pushed_slots += (size + _SLOT_BYTES - 1) // _SLOT_BYTES or 1  # the publisher's thread only
         if self._idle:
             self.wake()
 
     def wake(self) -> None:
-        """Wake the thread if it is idle (call after appending to ``_items``: see :meth:`push`)."""
+        """Wake the thread if it is idle (call after appending to ``_atts``: see :meth:`push`)."""
         with self._cond:
             if self._idle:
                 # woken once: later pushes find it already woken
@@ -220,15 +231,11 @@ class _SenderThread:
 
     def push_many(self, payloads: Sequence[Any], attachments: Sequence[bytes]) -> None:
         """:meth:`push` for a run of samples, in order (one wake-up for the run)."""
-        sizes = list(map(len, payloads))
-        if max(sizes, default=0) <= _SLOT_BYTES:
-            slots: Any = repeat(1)
-            total = len(sizes)
-        else:
-            slots = [(size + _SLOT_BYTES - 1) // _SLOT_BYTES or 1 for size in sizes]
-            total = sum(slots)
-        self._items.extend(zip(payloads, attachments, slots, strict=False))  # slots may be repeat(1)
-        self._pushed_slots += total
+        if len(payloads) != len(attachments):
+            raise ValueError(f"{len(payloads)} payloads but {len(attachments)} headers")
+        self._payloads.extend(payloads)
+        self._atts.extend(attachments)
+        self._pushed_slots += _slots(payloads)
         if self._idle:
             self.wake()
 
@@ -237,23 +244,26 @@ class _SenderThread:
         return self._pushed_slots - self._sent_slots
 
     def _run(self) -> None:
-        items = self._items
+        atts, payloads = self._atts, self._payloads
         while True:
-            if not items:
+            if not atts:
                 with self._cond:
                     self._idle = True  # before the check: a push after it sees the flag
-                    while not items and not self._closed:
+                    while not atts and not self._closed:
                         self._cond.wait()
                     self._idle = False
-                    if not items and self._closed:
+                    if not atts and self._closed:
                         self._wake_all()
                         return
-            n = len(items)  # the pushing thread may append meanwhile: taken next round
-            batch = list(starmap(items.popleft, repeat((), n)))  # n pops, no bytecode per item
-            err = self._put_all(batch)
+            # the pushing thread may append meanwhile (taken next round); every header counted
+            # here has its payload queued already
+            n = len(atts)
+            batch_atts = list(starmap(atts.popleft, repeat((), n)))  # n pops, no bytecode per item
+            bodies = list(starmap(payloads.popleft, repeat((), n)))
+            err = self._put_all(bodies, batch_atts)
             if err is not None:  # reported on the next publish or flush
                 self.error = err
-            self._sent_slots += sum(map(_slots_of, batch))
+            self._sent_slots += _slots(bodies)
             with self._cond:
                 self._wake_all()
 
@@ -271,7 +281,7 @@ class _SenderThread:
             with self._cond:
                 if self.backlog() <= limit or self._closed:
                     return
-                if self._idle and not self._items:
+                if self._idle and not self._atts:
                     if not self._miscounted:
                         self._miscounted = True
                         name, queued = self._thread.name, self.backlog()
@@ -404,16 +414,15 @@ class _ZenohPublisher(EnginePublisher):
         self._tail_key: tuple[str, str, str] = ("", "", "")
         self._tail = encode_strings("", "", "")
 
-    def _put_all(self, items: list[tuple[Any, bytes, int]]) -> BaseException | None:
-        """Put queued samples in order (sender thread); runs of small ones go as batches of up
-        to :data:`BATCH_MAX_BYTES` (one Zenoh put, one receive callback). Returns the last
-        error, if any put failed."""
-        if len(items) > 1:
-            bodies, atts, _ = zip(*items, strict=True)
+    def _put_all(self, bodies: list[Any], atts: list[bytes]) -> BaseException | None:
+        """Put queued samples (payloads and their encoded headers) in order (sender thread);
+        runs of small ones go as batches of up to :data:`BATCH_MAX_BYTES` (one Zenoh put, one
+        receive callback). Returns the last error, if any put failed."""
+        if len(atts) > 1:
             sizes = list(map(add, map(len, atts), map(len, bodies)))
             if max(sizes) <= BATCH_ITEM_MAX_BYTES:  # the usual burst
                 return self._put_small(atts, bodies, sizes)
-        return self._put_mixed(items)
+        return self._put_mixed(bodies, atts)
 
     def _put_small(
         self, atts: Sequence[bytes], bodies: Sequence[Any], sizes: list[int]
@@ -431,13 +440,13 @@ class _ZenohPublisher(EnginePublisher):
             i = j
         return error
 
-    def _put_mixed(self, items: list[tuple[Any, bytes, int]]) -> BaseException | None:
+    def _put_mixed(self, bodies: Sequence[Any], atts: Sequence[bytes]) -> BaseException | None:
         """:meth:`_put_all` for samples of any size: a large one goes alone."""
         error: BaseException | None = None
         run_atts: list[bytes] = []
         run_bodies: list[Any] = []
         run_bytes = 0
-        for body, att, _ in items:
+        for body, att in zip(bodies, atts, strict=True):
             size = len(att) + len(body)
             if run_atts and (
                 size > BATCH_ITEM_MAX_BYTES
@@ -568,7 +577,7 @@ class _ZenohPublisher(EnginePublisher):
 
             return put_now
         push, wake = sender.push, sender.wake
-        append = sender._items.append
+        append_payload, append_att = sender._payloads.append, sender._atts.append
 
         def queue(seq: int, stamp_ns: int, bucket: int, publish_ns: int, payload: bytes) -> int:
             if self._closed:
@@ -579,7 +588,8 @@ class _ZenohPublisher(EnginePublisher):
             if size > _SLOT_BYTES:
                 push(payload, pack(head, seq, stamp_ns, bucket, mid, publish_ns, tail), size)
             else:  # _SenderThread.push of a one-slot sample, inlined (one call less per sample)
-                append((payload, pack(head, seq, stamp_ns, bucket, mid, publish_ns, tail), 1))
+                append_payload(payload)  # before its header: see _SenderThread.push
+                append_att(pack(head, seq, stamp_ns, bucket, mid, publish_ns, tail))
                 sender._pushed_slots += 1
                 if sender._idle:
                     wake()
@@ -619,7 +629,7 @@ class _ZenohPublisher(EnginePublisher):
                 sender.push_many(payloads, atts)
                 return len(atts)
             # drop_oldest: put now, in batches (Zenoh drops what its queue has no room for)
-            err = self._put_all(list(zip(payloads, atts, repeat(1))))
+            err = self._put_all(list(payloads), atts)
             if err is not None:
                 raise PublishError(f"zenoh put on {stream!r} failed: {err}") from err
             return len(atts)
