@@ -363,3 +363,32 @@ def test_properties_of_one_publisher_decode_the_same_after_the_first_and_bad_fie
     zero = "|".join([*good[:3], "0", *good[4:]])
     with pytest.raises(HeaderError, match="seq must be >= 1"):
         decode_properties({"eb.h": zero})
+
+
+def test_a_header_is_untracked_by_the_garbage_collector_and_keeps_the_named_tuple_conveniences() -> None:
+    import gc
+    import pickle
+
+    assert not gc.is_tracked(BASE)
+    stream, modality, seq, *_, flags = BASE
+    assert (stream, modality, seq, flags) == ("lidar/front", Modality.LIDAR, 1, HeaderFlags.NONE)
+    assert len(BASE) == len(Header._fields) == 12 and BASE[2] == 1 and BASE[-1] is HeaderFlags.NONE
+    assert Header._fields[:3] == ("stream", "modality", "seq") and list(BASE[:2]) == [stream, modality]
+    later = BASE._replace(seq=2)
+    assert later.seq == 2 and BASE.seq == 1 and later > BASE and later != BASE
+    assert BASE._asdict()["frame_id"] == "lidar_front" and list(BASE._asdict()) == list(Header._fields)
+    assert {BASE: 1}[BASE._replace()] == 1 and pickle.loads(pickle.dumps(BASE)) == BASE
+    assert BASE.bucket_start_ns == BASE.bucket * BASE.bucket_width_ns
+    with pytest.raises(AttributeError):
+        BASE.seq = 3  # type: ignore[misc]
+
+
+def test_headers_decoded_from_a_batch_are_untracked_and_equal_to_the_encoded_ones() -> None:
+    import gc
+
+    headers = [BASE._replace(seq=i, stamp_ns=BASE.stamp_ns + i, publish_ns=i) for i in range(1, 41)]
+    samples, errors = decode_batch(*encode_batch([(encode_header(h), b"p") for h in headers]))
+    assert not errors and [h for h, _ in samples] == headers
+    assert not any(gc.is_tracked(h) for h, _ in samples)
+    header = decode_properties(encode_properties(BASE))
+    assert header == BASE and not gc.is_tracked(header)

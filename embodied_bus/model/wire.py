@@ -16,7 +16,9 @@ import re
 import struct
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from itertools import accumulate, chain, repeat
-from typing import NamedTuple
+from typing import Any, ClassVar, NamedTuple
+
+import msgspec
 
 from embodied_bus.errors import HeaderError
 
@@ -109,8 +111,15 @@ class HeaderFlags(enum.IntFlag):
     SHM = 2
 
 
-class Header(NamedTuple):
-    """Everything a sample carries besides its payload (an immutable tuple: cheap to build).
+class Header(msgspec.Struct, frozen=True, gc=False, order=True):
+    """Everything a sample carries besides its payload.
+
+    An immutable ``msgspec.Struct`` built in C that the garbage collector does not track (it
+    holds only strings, ints and enum members): a subscriber builds one per sample, and as a
+    tuple subclass each was tracked for as long as it lived, ~7 % of a 1 KiB stream's
+    throughput. It keeps the named tuple's conveniences: unpacking and indexing in field order,
+    ``len``, ``_fields``, ``_replace`` and ``_asdict``; it is hashable and orders like a tuple
+    of its fields, but never equals a plain tuple.
 
     Attributes:
         stream: Stream name, segments of ``[A-Za-z0-9_-]`` separated by ``/``.
@@ -140,10 +149,43 @@ class Header(NamedTuple):
     publish_ns: int
     flags: HeaderFlags = HeaderFlags.NONE
 
+    #: Field names in order (as a named tuple has them).
+    _fields: ClassVar[tuple[str, ...]] = (
+        "stream",
+        "modality",
+        "seq",
+        "stamp_ns",
+        "bucket",
+        "bucket_width_ns",
+        "bucket_offset_ns",
+        "encoding",
+        "frame_id",
+        "publisher_id",
+        "publish_ns",
+        "flags",
+    )
+
     @property
     def bucket_start_ns(self) -> int:
         """First nanosecond of this sample's bucket."""
         return self.bucket * self.bucket_width_ns + self.bucket_offset_ns
+
+    def __iter__(self) -> Iterator[Any]:
+        return iter(msgspec.structs.astuple(self))
+
+    def __len__(self) -> int:
+        return len(self._fields)
+
+    def __getitem__(self, index: int | slice) -> Any:
+        return msgspec.structs.astuple(self)[index]
+
+    def _replace(self, **changes: Any) -> Header:
+        """A copy with these fields changed (as ``namedtuple._replace``)."""
+        return msgspec.structs.replace(self, **changes)
+
+    def _asdict(self) -> dict[str, Any]:
+        """The fields by name, in order (as ``namedtuple._asdict``)."""
+        return msgspec.structs.asdict(self)
 
 
 def validate_stream_name(stream: str) -> str:
@@ -409,8 +451,6 @@ def split_batch(attachment: bytes, payload: bytes) -> list[tuple[bytes, bytes]]:
 #: Headers as (bytes 0-5, seq, stamp_ns, bucket, bytes 30-53, publish_ns, bytes 62-): the
 #: fields that differ between samples of one publisher, and the rest as three opaque runs.
 _RUN_STRUCTS: dict[int, struct.Struct] = {}
-#: Builds a :class:`Header` from a tuple of its fields (skips the keyword constructor).
-_new_header = tuple.__new__
 #: Smaller batches are decoded header by header (the one-pass path costs more below this).
 _RUN_MIN_SAMPLES = 16
 
@@ -438,23 +478,23 @@ class HeaderRun(NamedTuple):
     sizes: tuple[int, ...]
 
     def headers(self) -> Iterator[Header]:
-        """The samples' headers, in order (built by map/zip in C: no bytecode per sample)."""
-        stream, mod, _, _, _, width_ns, offset_ns, encoding, frame_id, pub, _, flags = self.first
-        fields = zip(
-            repeat(stream),
-            repeat(mod),
+        """The samples' headers, in order (built by map in C: no bytecode per sample)."""
+        first = self.first
+        return map(
+            Header,
+            repeat(first.stream),
+            repeat(first.modality),
             self.seqs,
             self.stamps_ns,
             self.buckets,
-            repeat(width_ns),
-            repeat(offset_ns),
-            repeat(encoding),
-            repeat(frame_id),
-            repeat(pub),
+            repeat(first.bucket_width_ns),
+            repeat(first.bucket_offset_ns),
+            repeat(first.encoding),
+            repeat(first.frame_id),
+            repeat(first.publisher_id),
             self.publish_ns,
-            repeat(flags),
+            repeat(first.flags),
         )
-        return map(_new_header, repeat(Header), fields)
 
     def pairs(self) -> list[tuple[Header, bytes]]:
         """``(header, payload)`` per sample, in order."""
@@ -635,7 +675,7 @@ def _is_int(text: str, base: int) -> bool:
 
 #: Decoded constant fields of ``eb.h`` (everything but seq, stamp, bucket and publish_ns) by
 #: their text: (stream, modality, width_ns, offset_ns, pub, flags, encoding, frame_id). Bounded.
-_COMPACT_FIXED: dict[tuple[str, ...], tuple[object, ...]] = {}
+_COMPACT_FIXED: dict[tuple[str, ...], tuple[str, Modality, int, int, int, HeaderFlags, str, str]] = {}
 
 
 def _decode_compact(value: str) -> Header:
@@ -649,8 +689,7 @@ def _decode_compact(value: str) -> Header:
             seq = 0  # the full decoder names the field
         if seq > 0:
             stream, mod, width, offset, pub, flags, enc, frame = fixed
-            fields = (stream, mod, seq, stamp_ns, bucket, width, offset, enc, frame, pub, pub_ns, flags)
-            return _new_header(Header, fields)  # type: ignore[no-any-return]
+            return Header(stream, mod, seq, stamp_ns, bucket, width, offset, enc, frame, pub, pub_ns, flags)
     h = _decode_compact_full(value, parts)
     if key is not None:
         if len(_COMPACT_FIXED) >= 4096:

@@ -24,8 +24,6 @@ __all__ = ["PUBLISH_RUN", "Publisher"]
 #: awaiting room between runs under ``block`` (so a long sequence never floods the send queue).
 PUBLISH_RUN = 256
 
-#: Builds a :class:`Header` from a tuple of its fields without the keyword-handling constructor.
-_new_tuple: Any = tuple.__new__
 _time_ns = time.time_ns
 _NONE = HeaderFlags.NONE
 
@@ -178,9 +176,8 @@ class Publisher:
                 self.sent += 1
             else:
                 self.dropped += 1
-            return _new_tuple(  # type: ignore[no-any-return]
-                Header,
-                (stream, mod, seq, stamp_ns, bucket, width_ns, offset_ns, enc, frame, pub_id, now_ns, _NONE),
+            return Header(
+                stream, mod, seq, stamp_ns, bucket, width_ns, offset_ns, enc, frame, pub_id, now_ns, _NONE
             )
         if self._closed:
             raise BusClosedError(f"publisher for {self._stream!r} is closed")
@@ -215,22 +212,19 @@ class Publisher:
             flags = HeaderFlags.STAMP_FALLBACK
         seq = self._seq + 1
         clock = self._clock
-        header: Header = _new_tuple(
-            Header,
-            (
-                self._stream,
-                self._modality,
-                seq,
-                stamp_ns,
-                (stamp_ns - clock.offset_ns) // clock.width_ns,
-                clock.width_ns,
-                clock.offset_ns,
-                encoding or self._encoding,
-                self._frame_id if frame_id is None else frame_id,
-                self._publisher_id,
-                now_ns,
-                flags,
-            ),
+        header = Header(
+            self._stream,
+            self._modality,
+            seq,
+            stamp_ns,
+            (stamp_ns - clock.offset_ns) // clock.width_ns,
+            clock.width_ns,
+            clock.offset_ns,
+            encoding or self._encoding,
+            self._frame_id if frame_id is None else frame_id,
+            self._publisher_id,
+            now_ns,
+            flags,
         )
         accepted = (self._pub.send_from_thread if from_thread else self._pub.send)(header, data)
         self._seq = seq
@@ -293,9 +287,8 @@ class Publisher:
                 self.dropped += 1
             if backlog > self._high_water:
                 await self._pub.wait_writable()
-            return _new_tuple(  # type: ignore[no-any-return]
-                Header,
-                (stream, mod, seq, stamp_ns, bucket, width_ns, offset_ns, enc, frame, pub_id, now_ns, _NONE),
+            return Header(
+                stream, mod, seq, stamp_ns, bucket, width_ns, offset_ns, enc, frame, pub_id, now_ns, _NONE
             )
         header = self._publish(payload, stamp_ns, encoding, frame_id, stamp_fallback, False)
         if self._backlog() > self._high_water:

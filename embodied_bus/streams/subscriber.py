@@ -8,7 +8,7 @@ import time
 from collections import Counter
 from collections.abc import AsyncIterator, Callable, Iterator
 from itertools import repeat
-from operator import attrgetter, is_, itemgetter
+from operator import attrgetter, is_
 
 from embodied_bus.engines.base import AckFn, EngineBuffer, EngineSubscriber
 from embodied_bus.errors import BusClosedError, PayloadTooLargeError
@@ -23,10 +23,9 @@ __all__ = ["RECV_MANY_DEFAULT", "Subscription"]
 
 _log = logging.getLogger("embodied_bus.streams")
 _DUPLICATE = Verdict.DUPLICATE
-_field = Header._fields.index
-_seq_of = itemgetter(_field("seq"))
-_source_of = itemgetter(_field("stream"), _field("publisher_id"))
-_publish_ns_of = itemgetter(_field("publish_ns"))
+_seq_of = attrgetter("seq")
+_source_of = attrgetter("stream", "publisher_id")
+_publish_ns_of = attrgetter("publish_ns")
 _OUT_OF_ORDER = Verdict.OUT_OF_ORDER
 _stream_of_sample = attrgetter("header.stream")
 
