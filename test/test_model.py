@@ -392,3 +392,12 @@ def test_headers_decoded_from_a_batch_are_untracked_and_equal_to_the_encoded_one
     assert not any(gc.is_tracked(h) for h, _ in samples)
     header = decode_properties(encode_properties(BASE))
     assert header == BASE and not gc.is_tracked(header)
+
+
+def test_a_batch_table_is_little_endian_u32_header_and_payload_lengths_interleaved() -> None:
+    import struct
+
+    h1, h2 = encode_header(BASE), encode_header(BASE._replace(seq=2, frame_id="f" * 300))
+    att, payload = encode_batch([(h1, b"abc"), (h2, b"x" * 70_000)])
+    assert att[:8] == struct.pack("<2sBxI", b"EB", att[2], 2) and payload == b"abc" + b"x" * 70_000
+    assert att[8:24] == struct.pack("<4I", len(h1), 3, len(h2), 70_000) and att[24:] == h1 + h2

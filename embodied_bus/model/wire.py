@@ -14,8 +14,10 @@ import enum
 import logging
 import re
 import struct
+import sys
+from array import array
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
-from itertools import accumulate, chain, repeat
+from itertools import accumulate, repeat
 from typing import Any, ClassVar, NamedTuple
 
 import msgspec
@@ -366,6 +368,10 @@ def decode_header(data: bytes) -> Header:
 BATCH_LAYOUT = 0xB1
 #: magic, layout, reserved, number of samples; then per sample (header bytes, payload bytes)
 _BATCH_HEAD = struct.Struct("<2sBxI")
+#: ``array`` typecode of an unsigned 32-bit int (the batch table's entries), and whether this
+#: host must swap its bytes to write them little-endian.
+_U32 = next(code for code in "IL" if array(code).itemsize == 4)
+_SWAP_U32 = sys.byteorder != "little"
 #: Most samples in one batch.
 MAX_BATCH_SAMPLES = 4096
 
@@ -404,9 +410,16 @@ def encode_batch_parts(
         join: Concatenates the payloads, given them and their total length in bytes (None:
             ``b"".join``), e.g. into a buffer the caller keeps.
     """
-    sizes = list(map(len, payloads))
-    table = list(chain.from_iterable(zip(map(len, headers), sizes, strict=True)))
-    head = _BATCH_HEAD.pack(WIRE_MAGIC, BATCH_LAYOUT, len(headers)) + struct.pack(f"<{len(table)}I", *table)
+    n = len(headers)
+    if len(payloads) != n:
+        raise ValueError(f"{n} headers but {len(payloads)} payloads")
+    sizes = array(_U32, map(len, payloads))
+    table = array(_U32, bytes(8 * n))  # (header length, payload length) per sample, interleaved
+    table[0::2] = array(_U32, map(len, headers))
+    table[1::2] = sizes
+    if _SWAP_U32:
+        table.byteswap()
+    head = _BATCH_HEAD.pack(WIRE_MAGIC, BATCH_LAYOUT, n) + table.tobytes()
     body = b"".join(payloads) if join is None else join(payloads, sum(sizes))
     return head + b"".join(headers), body
 
