@@ -559,3 +559,24 @@ async def test_the_zenoh_sender_puts_every_payload_with_its_own_header_in_order_
         assert got == want and sender.backlog() == 0
     finally:
         sender.close()
+
+
+def test_stream_stats_compute_run_latencies_when_asked_and_keep_only_the_recent_runs() -> None:
+    from embodied_bus.streams.stats import LATENCY_WINDOW, StreamStats
+
+    st = StreamStats("s")
+    assert st.latency_percentiles_ms() != st.latency_percentiles_ms()  # NaN: nothing yet
+    seq = 1
+    for k in range(40):  # 40 runs of 100 samples, each 1..100 ms old on arrival
+        receive_ns = 10**18 + k * 10**9
+        publish_ns = tuple(receive_ns - (i + 1) * 1_000_000 for i in range(100))
+        assert st.observe_run(7, seq, [10] * 100, receive_ns, publish_ns)
+        seq += 100
+    assert st.received == 4000 and st.bytes == 40_000
+    assert LATENCY_WINDOW <= st._latency_run_samples < LATENCY_WINDOW + 100
+    p50, p99 = st.latency_percentiles_ms()
+    assert 49.0 <= p50 <= 52.0 and 98.0 <= p99 <= 100.0
+    assert not st.observe_run(7, 5, [10] * 3, 10**18, (1, 2, 3))  # not after the last seen
+    for i in range(100):  # one by one: kept next to the runs
+        st.observe(7, seq + i, 10, 500_000_000)
+    assert st.latency_percentiles_ms()[1] == 500.0

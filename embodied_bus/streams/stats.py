@@ -39,6 +39,11 @@ class StreamStats:
     bytes: int = 0
     seq: SequenceTracker = field(default_factory=SequenceTracker)
     _latencies_ns: deque[int] = field(default_factory=lambda: deque(maxlen=LATENCY_WINDOW))
+    #: Runs accounted by :meth:`observe_run`: (receive time, the samples' publish times), UTC
+    #: ns; their latencies are computed only when asked for. The oldest runs are let go once the
+    #: newer ones hold :data:`LATENCY_WINDOW` samples.
+    _latency_runs: deque[tuple[int, Sequence[int]]] = field(default_factory=deque)
+    _latency_run_samples: int = 0
     #: (monotonic s, received, bytes) snapshots, one per :data:`SNAPSHOT_S` at most.
     _snaps: deque[tuple[float, int, int]] = field(default_factory=deque)
 
@@ -51,16 +56,35 @@ class StreamStats:
         return self.seq.observe(publisher_id, seq)
 
     def observe_run(
-        self, publisher_id: int, first_seq: int, sizes: Sequence[int], latencies_ns: list[int]
+        self,
+        publisher_id: int,
+        first_seq: int,
+        sizes: Sequence[int],
+        receive_ns: int,
+        publish_ns: Sequence[int],
     ) -> bool:
         """Account samples of one publisher with consecutive sequence numbers from ``first_seq``
         as :meth:`observe` would one by one, if all of them come after the last one seen from
-        that publisher (so none is a duplicate or late); else do nothing and return False."""
-        if not self.seq.advance_run(publisher_id, first_seq, first_seq + len(sizes) - 1):
+        that publisher (so none is a duplicate or late); else do nothing and return False.
+
+        Args:
+            publisher_id: Their publisher.
+            first_seq: The first one's sequence number.
+            sizes: Their payload sizes in bytes.
+            receive_ns: When they arrived, UTC ns (one time for all).
+            publish_ns: Their publish times, UTC ns (kept as given: don't change it after).
+        """
+        n = len(sizes)
+        if not self.seq.advance_run(publisher_id, first_seq, first_seq + n - 1):
             return False
-        self.received += len(sizes)
+        self.received += n
         self.bytes += sum(sizes)
-        self._latencies_ns.extend(latencies_ns)
+        runs = self._latency_runs
+        runs.append((receive_ns, publish_ns))
+        kept = self._latency_run_samples + n
+        while kept - len(runs[0][1]) >= LATENCY_WINDOW:
+            kept -= len(runs.popleft()[1])
+        self._latency_run_samples = kept
         self._snapshot()
         return True
 
@@ -94,10 +118,14 @@ class StreamStats:
         return b / span if span > 0.05 else 0.0
 
     def latency_percentiles_ms(self) -> tuple[float, float]:
-        """Publish-to-receive latency (p50, p99) in milliseconds over recent samples."""
-        if not self._latencies_ns:
+        """Publish-to-receive latency (p50, p99) in milliseconds over recent samples: the last
+        :data:`LATENCY_WINDOW` accounted one by one and the last runs that hold at least as many."""
+        latencies = list(self._latencies_ns)
+        for receive_ns, publish_ns in list(self._latency_runs):
+            latencies.extend(map(receive_ns.__sub__, publish_ns))
+        if not latencies:
             return (float("nan"), float("nan"))
-        arr = np.fromiter(list(self._latencies_ns), dtype=np.int64) / 1e6
+        arr = np.fromiter(latencies, dtype=np.int64) / 1e6
         p50, p99 = np.percentile(arr, [50, 99])
         return (float(p50), float(p99))
 

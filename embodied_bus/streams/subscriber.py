@@ -124,8 +124,8 @@ class Subscription:
                 sizes = list(map(len, payloads))
                 if max(sizes) <= limit:
                     run = self._stream_stats(first.stream)
-                    latencies = list(map(now.__sub__, map(_publish_ns_of, headers)))
-                    if run.observe_run(first.publisher_id, first.seq, sizes, latencies):
+                    publish_ns = list(map(_publish_ns_of, headers))
+                    if run.observe_run(first.publisher_id, first.seq, sizes, now, publish_ns):
                         samples = map(Sample, headers, payloads, repeat(now))
                         self._put_items(_items(samples, ack))
                         return
@@ -161,9 +161,7 @@ class Subscription:
         ):
             now = self._clock()
             st = self._stream_stats(first.stream)
-            if st.observe_run(
-                first.publisher_id, first.seq, run.sizes, list(map(now.__sub__, run.publish_ns))
-            ):
+            if st.observe_run(first.publisher_id, first.seq, run.sizes, now, run.publish_ns):
                 samples = map(Sample, run.headers(), run.payloads, repeat(now))
                 self._put_items(_items(samples, ack))
                 return
