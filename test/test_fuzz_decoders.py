@@ -33,11 +33,13 @@ from embodied_bus.model.sample import Sample
 from embodied_bus.model.wire import (
     Header,
     HeaderFlags,
+    HeaderPacker,
     Modality,
     decode_batch,
     decode_header,
     decode_properties,
     encode_batch,
+    encode_column_batch,
     encode_header,
     encode_properties,
     split_batch,
@@ -115,6 +117,27 @@ HEADER = Header(
 
 
 BATCH = encode_batch([(encode_header(HEADER), b"abc"), (encode_header(HEADER._replace(seq=8)), b"")])
+
+
+_PACK = HeaderPacker(HEADER)
+COLUMN_BATCH = encode_column_batch(
+    _PACK(7, HEADER.stamp_ns, HEADER.bucket, HEADER.publish_ns),
+    [7, 8, 9],
+    [HEADER.stamp_ns, HEADER.stamp_ns + 5, HEADER.stamp_ns + 9],
+    [HEADER.bucket] * 3,
+    [HEADER.publish_ns, HEADER.publish_ns + 1, HEADER.publish_ns + 2],
+    [b"abc", b"", b"de"],
+)
+
+
+@FUZZ
+@given(mutated(COLUMN_BATCH[0]), st.one_of(st.just(bytes(COLUMN_BATCH[1])), st.binary(max_size=16)))
+def test_column_batches_decode_to_whole_samples_or_raise_header_error(att: bytes, payload: bytes) -> None:
+    got = only((HeaderError,), lambda: decode_batch(att, payload))
+    if got is not None:
+        samples, errors = got
+        assert samples and not errors and b"".join(p for _, p in samples) == payload
+        assert all(h.seq > 0 for h, _ in samples)
 
 
 @FUZZ

@@ -401,3 +401,73 @@ def test_a_batch_table_is_little_endian_u32_header_and_payload_lengths_interleav
     att, payload = encode_batch([(h1, b"abc"), (h2, b"x" * 70_000)])
     assert att[:8] == struct.pack("<2sBxI", b"EB", att[2], 2) and payload == b"abc" + b"x" * 70_000
     assert att[8:24] == struct.pack("<4I", len(h1), 3, len(h2), 70_000) and att[24:] == h1 + h2
+
+
+@pytest.mark.parametrize("sizes", [[3], [5, 5, 5, 5], [0, 7, 1_000, 2], [0, 0, 0]])
+def test_a_column_batch_round_trips_to_the_headers_and_payloads_it_was_made_of(sizes: list[int]) -> None:
+    import gc
+
+    from embodied_bus.model.wire import COLUMN_LAYOUT, encode_column_batch
+
+    n = len(sizes)
+    headers = [
+        BASE._replace(
+            seq=10 + i, stamp_ns=BASE.stamp_ns + 3 * i, bucket=BASE.bucket + i // 2, publish_ns=50 + i
+        )
+        for i in range(n)
+    ]
+    payloads = [bytes([i]) * size for i, size in enumerate(sizes)]
+    att, body = encode_column_batch(
+        encode_header(headers[0]),
+        [h.seq for h in headers],
+        [h.stamp_ns for h in headers],
+        [h.bucket for h in headers],
+        [h.publish_ns for h in headers],
+        payloads,
+    )
+    assert is_batch(att) and att[2] == COLUMN_LAYOUT and body == b"".join(payloads)
+    samples, errors = decode_batch(att, bytes(body))
+    assert not errors and samples == list(zip(headers, payloads, strict=True))
+    assert not any(gc.is_tracked(h) for h, _ in samples)
+    with pytest.raises(HeaderError, match="not a table batch"):
+        split_batch(att, bytes(body))
+
+
+def _column_batch(**changes: object) -> tuple[bytes, bytes]:
+    from embodied_bus.model.wire import encode_column_batch
+
+    cols: dict[str, object] = {
+        "first": encode_header(BASE._replace(seq=4)),
+        "seqs": [4, 5],
+        "stamps_ns": [BASE.stamp_ns, BASE.stamp_ns + 1],
+        "buckets": [BASE.bucket] * 2,
+        "publish_ns": [BASE.publish_ns] * 2,
+        "payloads": [b"ab", b"c"],
+    }
+    cols.update(changes)
+    att, body = encode_column_batch(**cols)  # type: ignore[arg-type]
+    return att, bytes(body)
+
+
+@pytest.mark.parametrize(
+    ("att", "payload", "message"),
+    [
+        (_column_batch()[0][:10], b"abc", "column batch head too short"),
+        (_column_batch()[0][:-1], b"abc", "needs"),
+        (_column_batch()[0], b"abcd", "add up to 3 bytes, not 4"),
+        (*_column_batch(seqs=[5, 6]), "first header and the first row of the columns differ"),
+        (*_column_batch(first=encode_header(BASE._replace(seq=0)), seqs=[0, 1]), "seq"),
+        (*_column_batch(seqs=[4, 0]), "sequence number 0"),
+        (b"EB\xb2\x00" + (0).to_bytes(4, "little") + bytes(4), b"", "batch of 0 samples"),
+    ],
+)
+def test_a_malformed_column_batch_is_rejected_by_name(att: bytes, payload: bytes, message: str) -> None:
+    with pytest.raises(HeaderError, match=message):
+        decode_batch(att, payload)
+
+
+def test_column_batch_columns_must_have_one_entry_per_payload() -> None:
+    from embodied_bus.model.wire import encode_column_batch
+
+    with pytest.raises(ValueError, match="columns of other lengths"):
+        encode_column_batch(encode_header(BASE), [1], [1], [1], [1, 2], [b"x"])

@@ -40,6 +40,42 @@ async def _ready(pub, pair: BusPair) -> None:  # type: ignore[no-untyped-def]
     assert await pub.wait_for_subscribers(10.0), "subscriber never matched the publisher"
 
 
+async def test_a_burst_mixing_plain_samples_overrides_large_payloads_and_runs_arrives_intact(
+    bus_pair: BusPair,
+) -> None:
+    """Samples queued faster than they go out, mixing the publisher's own header (Zenoh sends
+    runs of those as column batches), samples with a frame_id of their own, payloads too large
+    to batch, and a publish_many run: every header and payload arrives as published, in order."""
+    sub = await bus_pair.subscriber_bus.subscribe(
+        "mix", options=SubscriptionOptions(capacity=2000, backpressure=Backpressure.BLOCK)
+    )
+    pub = await bus_pair.publisher_bus.publisher(
+        "mix", modality=Modality.LIDAR, encoding="raw", frame_id="base", options=BLOCK
+    )
+    await _ready(pub, bus_pair)
+    t0 = 1_700_000_000_000_000_000
+    sent: list[Header] = []
+    payloads: list[bytes] = []
+    for i in range(600):
+        mixed = i >= 300  # the first 300 all have the publisher's own header and are small
+        data = i.to_bytes(4, "little") * (5_000 if mixed and i % 97 == 3 else 1 + i % 3)
+        frame_id = "other" if mixed and i % 41 == 5 else None
+        sent.append(pub.publish_nowait(data, stamp_ns=t0 + i * 1_000_000, frame_id=frame_id))
+        payloads.append(data)
+        if i == 299:
+            await pub.flush()
+    run = [b"r%d" % k for k in range(50)]
+    seqs = await pub.publish_many(run, stamps_ns=[t0 + (600 + k) * 1_000_000 for k in range(50)])
+    await pub.flush()
+    got = [await sub.recv(timeout_s=20) for _ in range(650)]
+    assert [s.header for s in got[:600]] == sent, "received headers differ from those publish returned"
+    assert [s.payload for s in got[:600]] == payloads
+    assert [s.seq for s in got[600:]] == list(seqs) == list(range(601, 651))
+    assert [s.payload for s in got[600:]] == run and {s.header.frame_id for s in got[600:]} == {"base"}
+    assert [s.stamp_ns for s in got] == [t0 + i * 1_000_000 for i in range(650)]
+    assert sub.counters()["gaps"] == 0 and sub.malformed == 0
+
+
 async def test_samples_arrive_in_order_with_header_fields(bus_pair: BusPair) -> None:
     sub = await bus_pair.subscriber_bus.subscribe(
         "imu", options=SubscriptionOptions(capacity=1000, backpressure=Backpressure.BLOCK)

@@ -508,7 +508,7 @@ async def test_a_flush_returns_even_when_a_wake_up_is_lost_or_the_counts_disagre
 
     put: list[bytes] = []
 
-    def put_all(bodies: list[bytes], atts: list[bytes]) -> None:
+    def put_all(bodies: list[bytes], atts: list[bytes], cols: object = None) -> None:
         put.extend(bodies)
 
     sender = _SenderThread("t", put_all, 4, asyncio.get_running_loop())
@@ -534,7 +534,7 @@ async def test_the_zenoh_sender_puts_every_payload_with_its_own_header_in_order_
     assert _slots([b"x" * (_SLOT_BYTES + 1), b"y"]) == 3
     got: list[tuple[bytes, bytes]] = []
 
-    def put_all(bodies: list[bytes], atts: list[bytes]) -> None:
+    def put_all(bodies: list[bytes], atts: list[bytes], cols: object = None) -> None:
         assert len(bodies) == len(atts)
         got.extend(zip(bodies, atts, strict=True))
 

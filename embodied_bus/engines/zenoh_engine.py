@@ -18,7 +18,7 @@ from collections import deque
 from collections.abc import Callable, Sequence
 from itertools import accumulate, repeat, starmap
 from operator import add
-from typing import Any
+from typing import Any, cast
 
 import zenoh
 
@@ -51,6 +51,7 @@ from embodied_bus.model.wire import (
     decode_batch_runs,
     decode_header,
     encode_batch_parts,
+    encode_column_batch,
     encode_header,
     encode_strings,
     is_batch,
@@ -165,6 +166,13 @@ def build_zenoh_config(settings: ZenohSettings) -> zenoh.Config:
     return cfg
 
 
+#: Stamps, buckets and publish times of the template samples a sender thread took, in order.
+_Columns = tuple[list[int], list[int], list[int]]
+#: Bytes of an encoded header before its tail (the string lengths and strings): see
+#: :class:`HeaderPacker`.
+_HEADER_FIXED_BYTES = 62
+
+
 def _slots(payloads: Sequence[Any]) -> int:
     """Sender-queue slots of these payloads: one per sample, or one per :data:`_SLOT_BYTES` of
     a larger payload."""
@@ -187,17 +195,23 @@ class _SenderThread:
     def __init__(
         self,
         name: str,
-        put_all: Callable[[list[Any], list[bytes]], BaseException | None],
+        put_all: Callable[[list[Any], list[bytes | int], _Columns | None], BaseException | None],
         high_water: int,
         loop: asyncio.AbstractEventLoop,
     ) -> None:
         self._put_all = put_all
         self._loop = loop
         self.high_water = high_water
-        # the queued samples' payloads and headers, in two queues (no tuple per sample): a
-        # sample's payload is appended before its header, so each header has its payload
+        # the queued samples' payloads and headers, in queues of their own (no tuple per
+        # sample). A header is the encoded header, or (a sample of the publisher's template,
+        # :meth:`_ZenohPublisher.fast_sender`) its seq, with its stamp, bucket and publish time
+        # in the three column queues. A sample's header (or seq) is appended last, so every
+        # header the thread counts has its payload and columns queued
         self._payloads: deque[Any] = deque()
-        self._atts: deque[bytes] = deque()
+        self._atts: deque[bytes | int] = deque()
+        self._stamps: deque[int] = deque()
+        self._buckets: deque[int] = deque()
+        self._pubs: deque[int] = deque()
         # slots pushed (by the publishing thread) and sent (by this thread): each has one writer
         self._pushed_slots = 0
         self._sent_slots = 0
@@ -239,6 +253,28 @@ class _SenderThread:
         if self._idle:
             self.wake()
 
+    def push_columns(
+        self,
+        payloads: Sequence[Any],
+        seqs: Sequence[int],
+        stamps_ns: Sequence[int],
+        buckets: Sequence[int],
+        publish_ns: Sequence[int],
+    ) -> None:
+        """:meth:`push_many` for samples of the publisher's template, given by their seq,
+        stamp, bucket and publish time (encoded by the thread, as columns where it can)."""
+        n = len(payloads)
+        if not len(seqs) == len(stamps_ns) == len(buckets) == len(publish_ns) == n:
+            raise ValueError(f"{n} payloads but columns of other lengths")
+        self._payloads.extend(payloads)
+        self._stamps.extend(stamps_ns)
+        self._buckets.extend(buckets)
+        self._pubs.extend(publish_ns)
+        self._atts.extend(seqs)
+        self._pushed_slots += _slots(payloads)
+        if self._idle:
+            self.wake()
+
     def backlog(self) -> int:
         """Slots (a sample, or one per :data:`_SLOT_BYTES` of its payload) queued or being put."""
         return self._pushed_slots - self._sent_slots
@@ -260,7 +296,16 @@ class _SenderThread:
             n = len(atts)
             batch_atts = list(starmap(atts.popleft, repeat((), n)))  # n pops, no bytecode per item
             bodies = list(starmap(payloads.popleft, repeat((), n)))
-            err = self._put_all(bodies, batch_atts)
+            kinds = set(map(type, batch_atts))
+            k = n if kinds == {int} else 0 if int not in kinds else sum(type(a) is int for a in batch_atts)
+            cols: _Columns | None = None
+            if k:
+                cols = (
+                    list(starmap(self._stamps.popleft, repeat((), k))),
+                    list(starmap(self._buckets.popleft, repeat((), k))),
+                    list(starmap(self._pubs.popleft, repeat((), k))),
+                )
+            err = self._put_all(bodies, batch_atts, cols)
             if err is not None:  # reported on the next publish or flush
                 self.error = err
             self._sent_slots += _slots(bodies)
@@ -411,18 +456,79 @@ class _ZenohPublisher(EnginePublisher):
         self._shm_lock = threading.Lock()
         self._closed = False
         self._bodies = _BodyBuffers(BATCH_MAX_BYTES)  # by whichever thread runs _put_all
+        # the template of fast_sender's samples (pack, head, mid, tail), for the sender thread
+        self._template: tuple[Callable[..., bytes], bytes, bytes, bytes] | None = None
         self._tail_key: tuple[str, str, str] = ("", "", "")
         self._tail = encode_strings("", "", "")
 
-    def _put_all(self, bodies: list[Any], atts: list[bytes]) -> BaseException | None:
-        """Put queued samples (payloads and their encoded headers) in order (sender thread);
-        runs of small ones go as batches of up to :data:`BATCH_MAX_BYTES` (one Zenoh put, one
-        receive callback). Returns the last error, if any put failed."""
-        if len(atts) > 1:
-            sizes = list(map(add, map(len, atts), map(len, bodies)))
+    def _put_all(
+        self, bodies: list[Any], atts: Sequence[bytes | int], cols: _Columns | None = None
+    ) -> BaseException | None:
+        """Put queued samples in order (sender thread); runs of small ones go as batches of up
+        to :data:`BATCH_MAX_BYTES` (one Zenoh put, one receive callback). Returns the last
+        error, if any put failed.
+
+        Args:
+            bodies: The payloads.
+            atts: Their encoded headers, or for samples of the template their seq.
+            cols: The template samples' stamps, buckets and publish times, in order.
+        """
+        encoded: Sequence[bytes]
+        if cols is None:
+            encoded = cast(Sequence[bytes], atts)  # no template samples among them
+        else:
+            assert self._template is not None  # set with the fast sender that queued them
+            sizes = list(map(len, bodies))
+            header_bytes = _HEADER_FIXED_BYTES + len(self._template[3])
+            if len(cols[0]) == len(atts) and max(sizes) <= BATCH_ITEM_MAX_BYTES - header_bytes:
+                return self._put_columns(bodies, cast(Sequence[int], atts), cols, sizes)
+            encoded = self._encoded(atts, cols)
+        if len(encoded) > 1:
+            sizes = list(map(add, map(len, encoded), map(len, bodies)))
             if max(sizes) <= BATCH_ITEM_MAX_BYTES:  # the usual burst
-                return self._put_small(atts, bodies, sizes)
-        return self._put_mixed(bodies, atts)
+                return self._put_small(encoded, bodies, sizes)
+        return self._put_mixed(bodies, encoded)
+
+    def _encoded(self, atts: Sequence[bytes | int], cols: _Columns) -> list[bytes]:
+        """``atts`` with each template sample's seq replaced by its encoded header."""
+        assert self._template is not None
+        pack, head, mid, tail = self._template
+        stamps, buckets, pubs = map(iter, cols)
+        return [
+            a if isinstance(a, bytes) else pack(head, a, next(stamps), next(buckets), mid, next(pubs), tail)
+            for a in atts
+        ]
+
+    def _put_columns(
+        self, bodies: list[Any], seqs: Sequence[int], cols: _Columns, sizes: list[int]
+    ) -> BaseException | None:
+        """:meth:`_put_all` for small samples of the template only: runs go as column batches
+        (:func:`encode_column_batch`: one encoded header and four columns, not a header per
+        sample)."""
+        assert self._template is not None
+        pack, head, mid, tail = self._template
+        stamps, buckets, pubs = cols
+        error: BaseException | None = None
+        ends = list(accumulate(sizes))
+        n = len(sizes)
+        i = 0
+        while i < n:
+            start = ends[i - 1] if i else 0
+            j = bisect_right(ends, start + BATCH_MAX_BYTES, i + 1, min(n, i + MAX_BATCH_SAMPLES))
+            first = pack(head, seqs[i], stamps[i], buckets[i], mid, pubs[i], tail)
+            try:
+                if j - i == 1:
+                    self._put_one(bodies[i], first)
+                else:
+                    att, body = encode_column_batch(
+                        first, seqs[i:j], stamps[i:j], buckets[i:j], pubs[i:j], bodies[i:j], self._bodies.body
+                    )
+                    self._put(body, attachment=att)
+                    self.batches += 1
+            except BaseException as err:
+                error = err
+            i = j
+        return error
 
     def _put_small(
         self, atts: Sequence[bytes], bodies: Sequence[Any], sizes: list[int]
@@ -555,7 +661,7 @@ class _ZenohPublisher(EnginePublisher):
         return packer.pack, packer.head, packer.mid, packer.tail
 
     def fast_sender(self, template: Header) -> FastSend | None:
-        pack, head, mid, tail = self._packer_parts(template)
+        pack, head, mid, tail = self._template = self._packer_parts(template)
         stream, sender = template.stream, self._sender
         if sender is None:
             put = self._put
@@ -578,6 +684,8 @@ class _ZenohPublisher(EnginePublisher):
             return put_now
         push, wake = sender.push, sender.wake
         append_payload, append_att = sender._payloads.append, sender._atts.append
+        append_stamp, append_bucket = sender._stamps.append, sender._buckets.append
+        append_pub = sender._pubs.append
 
         def queue(seq: int, stamp_ns: int, bucket: int, publish_ns: int, payload: bytes) -> int:
             if self._closed:
@@ -588,8 +696,12 @@ class _ZenohPublisher(EnginePublisher):
             if size > _SLOT_BYTES:
                 push(payload, pack(head, seq, stamp_ns, bucket, mid, publish_ns, tail), size)
             else:  # _SenderThread.push of a one-slot sample, inlined (one call less per sample)
-                append_payload(payload)  # before its header: see _SenderThread.push
-                append_att(pack(head, seq, stamp_ns, bucket, mid, publish_ns, tail))
+                # the thread encodes it (see _SenderThread.__init__); the seq goes last
+                append_payload(payload)
+                append_stamp(stamp_ns)
+                append_bucket(bucket)
+                append_pub(publish_ns)
+                append_att(seq)
                 sender._pushed_slots += 1
                 if sender._idle:
                     wake()
@@ -598,7 +710,7 @@ class _ZenohPublisher(EnginePublisher):
         return queue
 
     def fast_sender_many(self, template: Header) -> FastSendMany | None:
-        pack, head, mid, tail = self._packer_parts(template)
+        pack, head, mid, tail = self._template = self._packer_parts(template)
         stream, sender = template.stream, self._sender
 
         def send_run(
@@ -610,7 +722,14 @@ class _ZenohPublisher(EnginePublisher):
         ) -> int:
             if self._closed:
                 raise BusClosedError(f"publisher for {stream!r} is closed")
-            # every header packed by one C-level loop
+            if sender is not None:
+                if sender.error is not None:
+                    self._raise(stream, sender)
+                # the sender thread encodes them (as columns where it can)
+                sender.push_columns(payloads, seqs, stamps_ns, buckets, [publish_ns] * len(seqs))
+                return len(seqs)
+            # drop_oldest: every header packed by one C-level loop, put now, in batches (Zenoh
+            # drops what its queue has no room for)
             atts = list(
                 map(
                     pack,
@@ -623,12 +742,6 @@ class _ZenohPublisher(EnginePublisher):
                     repeat(tail),
                 )
             )
-            if sender is not None:
-                if sender.error is not None:
-                    self._raise(stream, sender)
-                sender.push_many(payloads, atts)
-                return len(atts)
-            # drop_oldest: put now, in batches (Zenoh drops what its queue has no room for)
             err = self._put_all(list(payloads), atts)
             if err is not None:
                 raise PublishError(f"zenoh put on {stream!r} failed: {err}") from err

@@ -28,6 +28,7 @@ _log = logging.getLogger("embodied_bus.wire")
 
 __all__ = [
     "BATCH_LAYOUT",
+    "COLUMN_LAYOUT",
     "HEADER_STRUCT",
     "MAX_NAME_BYTES",
     "PROPERTY_LAYOUT",
@@ -44,6 +45,7 @@ __all__ = [
     "decode_properties",
     "encode_batch",
     "encode_batch_parts",
+    "encode_column_batch",
     "encode_header",
     "encode_header_text",
     "encode_properties",
@@ -374,11 +376,144 @@ _U32 = next(code for code in "IL" if array(code).itemsize == 4)
 _SWAP_U32 = sys.byteorder != "little"
 #: Most samples in one batch.
 MAX_BATCH_SAMPLES = 4096
+#: Third byte of a *column batch* attachment (:func:`encode_column_batch`): samples of one
+#: publisher whose headers differ only in seq, stamp_ns, bucket and publish_ns, sent as the
+#: first sample's header and those four fields as columns.
+COLUMN_LAYOUT = 0xB2
+#: magic, layout, reserved, number of samples, length of the first sample's header
+_COLUMN_HEAD = struct.Struct("<2sBxII")
+#: Bytes per sample in a column batch's columns: seq, stamp_ns, bucket, publish_ns (8 each) and
+#: the payload length (4).
+_COLUMN_BYTES = 36
 
 
 def is_batch(attachment: bytes) -> bool:
-    """Whether a Zenoh attachment is a batch (:func:`encode_batch`) rather than one header."""
-    return len(attachment) > 2 and attachment[2] == BATCH_LAYOUT and attachment[:2] == WIRE_MAGIC
+    """Whether a Zenoh attachment is a batch (:func:`encode_batch` or
+    :func:`encode_column_batch`) rather than one header."""
+    return (
+        len(attachment) > 2
+        and (attachment[2] == BATCH_LAYOUT or attachment[2] == COLUMN_LAYOUT)
+        and attachment[:2] == WIRE_MAGIC
+    )
+
+
+def _column(code: str, values: Iterable[int]) -> bytes:
+    """``values`` as little-endian integers of the ``array`` typecode ``code``."""
+    a = array(code, values)
+    if _SWAP_U32:  # the same hosts swap every width
+        a.byteswap()
+    return a.tobytes()
+
+
+def encode_column_batch(
+    first: bytes,
+    seqs: Sequence[int],
+    stamps_ns: Sequence[int],
+    buckets: Sequence[int],
+    publish_ns: Sequence[int],
+    payloads: Sequence[bytes | bytearray],
+    join: Callable[[Sequence[bytes | bytearray], int], bytes | bytearray] | None = None,
+) -> tuple[bytes, bytes | bytearray]:
+    """Samples of one publisher whose headers differ only in seq, stamp_ns, bucket and
+    publish_ns, as one attachment and one payload (layout :data:`COLUMN_LAYOUT`).
+
+    The attachment holds the column head (magic, layout, sample count, header length), the
+    first sample's encoded header, then five little-endian columns: seq (``u64``), stamp_ns,
+    bucket and publish_ns (``i64``) and the payload lengths (``u32``). The payload is the
+    payloads one after another. A receiver rebuilds every header from the first and the
+    columns, so nothing per sample is decoded twice.
+
+    Args:
+        first: The first sample's encoded header (:func:`encode_header`).
+        seqs: Sequence numbers, one per sample (the first matches ``first``).
+        stamps_ns: Sensor stamps, UTC ns.
+        buckets: Time-bucket ids.
+        publish_ns: Publish times, UTC ns.
+        payloads: The payloads.
+        join: As for :func:`encode_batch_parts`.
+
+    Raises:
+        ValueError: The columns differ in length, or there are no samples.
+    """
+    n = len(payloads)
+    if not n or not len(seqs) == len(stamps_ns) == len(buckets) == len(publish_ns) == n:
+        raise ValueError(f"column batch of {n} payloads and columns of other lengths (or empty)")
+    sizes = array(_U32, map(len, payloads))
+    att = b"".join(
+        (
+            _COLUMN_HEAD.pack(WIRE_MAGIC, COLUMN_LAYOUT, n, len(first)),
+            first,
+            _column("Q", seqs),
+            _column("q", stamps_ns),
+            _column("q", buckets),
+            _column("q", publish_ns),
+            _column(_U32, sizes),
+        )
+    )
+    body = b"".join(payloads) if join is None else join(payloads, sum(sizes))
+    return att, body
+
+
+def _ints(code: str, data: bytes, at: int, count: int) -> tuple[int, ...]:
+    """``count`` little-endian integers of the ``array`` typecode ``code`` from ``data[at:]``."""
+    a = array(code)
+    a.frombytes(data[at : at + count * a.itemsize])
+    if _SWAP_U32:
+        a.byteswap()
+    return tuple(a)
+
+
+def _decode_columns(attachment: bytes, payload: bytes) -> HeaderRun:
+    """The samples of a column batch (:func:`encode_column_batch`), checked.
+
+    Raises:
+        HeaderError: The batch is malformed (the message says how); none of it is usable.
+    """
+    n_head = _COLUMN_HEAD.size
+    if len(attachment) < n_head:
+        raise HeaderError(f"column batch head too short: {len(attachment)} bytes, need {n_head}")
+    _, _, count, header_len = _COLUMN_HEAD.unpack_from(attachment)
+    if not 0 < count <= MAX_BATCH_SAMPLES:
+        raise HeaderError(f"batch of {count} samples (1 to {MAX_BATCH_SAMPLES} allowed)")
+    want = n_head + header_len + _COLUMN_BYTES * count
+    if len(attachment) != want:
+        raise HeaderError(
+            f"column batch of {count} samples with a {header_len}-byte header needs {want} bytes, "
+            f"has {len(attachment)}"
+        )
+    at = n_head + header_len
+    first = decode_header(attachment[n_head:at])
+    seqs = _ints("Q", attachment, at, count)
+    stamps = _ints("q", attachment, at + 8 * count, count)
+    buckets = _ints("q", attachment, at + 16 * count, count)
+    publish = _ints("q", attachment, at + 24 * count, count)
+    sizes = _ints(_U32, attachment, at + 32 * count, count)
+    if sum(sizes) != len(payload):
+        raise HeaderError(f"column batch payloads add up to {sum(sizes)} bytes, not {len(payload)}")
+    if (first.seq, first.stamp_ns, first.bucket, first.publish_ns) != (
+        seqs[0],
+        stamps[0],
+        buckets[0],
+        publish[0],
+    ):
+        raise HeaderError("column batch: the first header and the first row of the columns differ")
+    if 0 in seqs:
+        raise HeaderError("sequence number 0 in a column batch (they start at 1)")
+    step = sizes[0]
+    bodies: list[bytes]
+    if not payload:
+        bodies = [b""] * count  # empty payloads (markers, triggers)
+    elif sizes.count(step) == count:
+        bodies = list(
+            map(
+                payload.__getitem__,
+                map(slice, range(0, count * step, step), range(step, count * step + step, step)),
+            )
+        )
+    else:
+        ends = list(accumulate(sizes))
+        bodies = list(map(payload.__getitem__, map(slice, [0, *ends[:-1]], ends)))
+    return HeaderRun(first, seqs, stamps, buckets, publish, bodies, sizes)
 
 
 def encode_batch(entries: list[tuple[bytes, bytes | bytearray]]) -> tuple[bytes, bytes]:
@@ -429,7 +564,9 @@ def _batch_table(attachment: bytes, payload: bytes) -> tuple[int, tuple[int, ...
     n_head = _BATCH_HEAD.size
     if len(attachment) < n_head:
         raise HeaderError(f"batch head too short: {len(attachment)} bytes, need {n_head}")
-    _, _, count = _BATCH_HEAD.unpack_from(attachment)
+    _, layout, count = _BATCH_HEAD.unpack_from(attachment)
+    if layout != BATCH_LAYOUT:
+        raise HeaderError(f"not a table batch: layout byte {layout:#x}, expected {BATCH_LAYOUT:#x}")
     if not 0 < count <= MAX_BATCH_SAMPLES:
         raise HeaderError(f"batch of {count} samples (1 to {MAX_BATCH_SAMPLES} allowed)")
     h_at = n_head + 8 * count
@@ -577,6 +714,8 @@ def decode_batch_runs(
     Raises:
         HeaderError: The batch itself is malformed; none of it is usable.
     """
+    if len(attachment) > 2 and attachment[2] == COLUMN_LAYOUT:
+        return _decode_columns(attachment, payload), []
     count, table = _batch_table(attachment, payload)
     if count >= _RUN_MIN_SAMPLES:
         try:
