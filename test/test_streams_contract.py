@@ -76,6 +76,33 @@ async def test_a_burst_mixing_plain_samples_overrides_large_payloads_and_runs_ar
     assert sub.counters()["gaps"] == 0 and sub.malformed == 0
 
 
+async def test_a_stamp_that_is_not_an_int64_is_refused_by_name_and_the_publisher_keeps_serving(
+    bus_pair: BusPair,
+) -> None:
+    sub = await bus_pair.subscriber_bus.subscribe(
+        "stamps", options=SubscriptionOptions(capacity=100, backpressure=Backpressure.BLOCK)
+    )
+    pub = await bus_pair.publisher_bus.publisher("stamps", options=BLOCK)
+    await _ready(pub, bus_pair)
+    for bad in (1 << 63, -(1 << 63) - 1):
+        with pytest.raises(ValueError, match="outside the signed 64-bit range"):
+            await pub.publish(b"x", stamp_ns=bad)
+    with pytest.raises(ValueError, match="must be an integer"):
+        await pub.publish(b"x", stamp_ns=1.5)  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match="outside the signed 64-bit range"):
+        await pub.publish_many([b"a", b"b"], stamps_ns=[7, 1 << 64])  # the sample before it is sent
+    await pub.publish(b"y", stamp_ns=np.int64(9))  # type: ignore[arg-type]  # any integer type
+    await pub.publish_many([b"c", b"d"], stamps_ns=[10, 11])
+    await pub.flush()
+    got = [await sub.recv(timeout_s=10) for _ in range(4)]
+    assert [(s.seq, s.stamp_ns, s.payload) for s in got] == [
+        (1, 7, b"a"),
+        (2, 9, b"y"),
+        (3, 10, b"c"),
+        (4, 11, b"d"),
+    ]
+
+
 async def test_samples_arrive_in_order_with_header_fields(bus_pair: BusPair) -> None:
     sub = await bus_pair.subscriber_bus.subscribe(
         "imu", options=SubscriptionOptions(capacity=1000, backpressure=Backpressure.BLOCK)

@@ -305,7 +305,11 @@ class _SenderThread:
                     list(starmap(self._buckets.popleft, repeat((), k))),
                     list(starmap(self._pubs.popleft, repeat((), k))),
                 )
-            err = self._put_all(bodies, batch_atts, cols)
+            try:
+                err = self._put_all(bodies, batch_atts, cols)
+            except BaseException as bug:  # encoding failed (publish checks what it queues): a bug
+                _logger.exception("sender %s could not encode %d samples", self._thread.name, n)
+                err = bug
             if err is not None:  # reported on the next publish or flush
                 self.error = err
             self._sent_slots += _slots(bodies)
@@ -515,8 +519,8 @@ class _ZenohPublisher(EnginePublisher):
         while i < n:
             start = ends[i - 1] if i else 0
             j = bisect_right(ends, start + BATCH_MAX_BYTES, i + 1, min(n, i + MAX_BATCH_SAMPLES))
-            first = pack(head, seqs[i], stamps[i], buckets[i], mid, pubs[i], tail)
             try:
+                first = pack(head, seqs[i], stamps[i], buckets[i], mid, pubs[i], tail)
                 if j - i == 1:
                     self._put_one(bodies[i], first)
                 else:

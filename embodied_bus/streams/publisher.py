@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import operator
 import random
 import time
 from collections.abc import Sequence
@@ -26,6 +27,26 @@ PUBLISH_RUN = 256
 
 _time_ns = time.time_ns
 _NONE = HeaderFlags.NONE
+#: Stamps are signed 64-bit nanosecond counts on the wire.
+_STAMP_MIN_NS = -(1 << 63)
+_STAMP_MAX_NS = (1 << 63) - 1
+
+
+def _checked_stamp(stamp_ns: object, stream: str) -> int:
+    """``stamp_ns`` as an int, if it is an integer in the wire's signed 64-bit range.
+
+    Raises:
+        ValueError: It is not (named with the stream).
+    """
+    try:
+        value = operator.index(stamp_ns)  # type: ignore[arg-type]
+    except TypeError:
+        raise ValueError(
+            f"stamp_ns on stream {stream!r} must be an integer (nanoseconds), not {type(stamp_ns).__name__}"
+        ) from None
+    if not _STAMP_MIN_NS <= value <= _STAMP_MAX_NS:
+        raise ValueError(f"stamp_ns {value} on stream {stream!r} is outside the signed 64-bit range")
+    return value
 
 
 class Publisher:
@@ -160,7 +181,8 @@ class Publisher:
             and type(payload) is bytes
             and encoding is None
             and frame_id is None
-            and stamp_ns
+            and type(stamp_ns) is int
+            and 0 < stamp_ns <= _STAMP_MAX_NS
             and not stamp_fallback
             and not from_thread
             and len(payload) <= self._limit
@@ -205,6 +227,7 @@ class Publisher:
                     else " (PublisherOptions.max_payload_bytes)"
                 )
             )
+        stamp_ns = _checked_stamp(stamp_ns, self._stream)
         flags = HeaderFlags.STAMP_FALLBACK if stamp_fallback else HeaderFlags.NONE
         now_ns = time.time_ns()
         if stamp_ns == 0:
@@ -270,7 +293,8 @@ class Publisher:
             and type(payload) is bytes
             and encoding is None
             and frame_id is None
-            and stamp_ns
+            and type(stamp_ns) is int
+            and 0 < stamp_ns <= _STAMP_MAX_NS
             and not stamp_fallback
             and len(payload) <= self._limit
             and not self._closed
@@ -347,7 +371,9 @@ class Publisher:
             or self._closed
             or not payloads
             or set(map(type, payloads)) != {bytes}
+            or set(map(type, stamps_ns)) != {int}
             or min(stamps_ns) <= 0
+            or max(stamps_ns) > _STAMP_MAX_NS
             or max(map(len, payloads)) > self._limit  # type: ignore[arg-type]
         ):
             return False
