@@ -15,7 +15,7 @@ import threading
 import time
 from bisect import bisect_right
 from collections import deque
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from itertools import accumulate, repeat, starmap
 from operator import add
 from typing import Any, cast
@@ -171,6 +171,20 @@ _Columns = tuple[list[int], list[int], list[int]]
 #: Bytes of an encoded header before its tail (the string lengths and strings): see
 #: :class:`HeaderPacker`.
 _HEADER_FIXED_BYTES = 62
+
+
+def _batch_cuts(sizes: list[int]) -> Iterator[tuple[int, int]]:
+    """``(start, stop)`` of consecutive runs of samples of these sizes (bytes), each of at most
+    :data:`BATCH_MAX_BYTES` and :data:`MAX_BATCH_SAMPLES` (a sample larger than that alone),
+    cut with C-level calls."""
+    ends = list(accumulate(sizes))
+    n = len(sizes)
+    i = 0
+    while i < n:
+        start = ends[i - 1] if i else 0
+        j = bisect_right(ends, start + BATCH_MAX_BYTES, i + 1, min(n, i + MAX_BATCH_SAMPLES))
+        yield i, j
+        i = j
 
 
 def _slots(payloads: Sequence[Any]) -> int:
@@ -513,12 +527,7 @@ class _ZenohPublisher(EnginePublisher):
         pack, head, mid, tail = self._template
         stamps, buckets, pubs = cols
         error: BaseException | None = None
-        ends = list(accumulate(sizes))
-        n = len(sizes)
-        i = 0
-        while i < n:
-            start = ends[i - 1] if i else 0
-            j = bisect_right(ends, start + BATCH_MAX_BYTES, i + 1, min(n, i + MAX_BATCH_SAMPLES))
+        for i, j in _batch_cuts(sizes):
             try:
                 first = pack(head, seqs[i], stamps[i], buckets[i], mid, pubs[i], tail)
                 if j - i == 1:
@@ -531,7 +540,6 @@ class _ZenohPublisher(EnginePublisher):
                     self.batches += 1
             except BaseException as err:
                 error = err
-            i = j
         return error
 
     def _put_small(
@@ -540,14 +548,8 @@ class _ZenohPublisher(EnginePublisher):
         """:meth:`_put_all` for samples of at most :data:`BATCH_ITEM_MAX_BYTES` each (header
         and payload ``sizes``): the runs are cut with C-level calls."""
         error: BaseException | None = None
-        ends = list(accumulate(sizes))
-        n = len(sizes)
-        i = 0
-        while i < n:
-            start = ends[i - 1] if i else 0
-            j = bisect_right(ends, start + BATCH_MAX_BYTES, i + 1, min(n, i + MAX_BATCH_SAMPLES))
+        for i, j in _batch_cuts(sizes):
             error = self._put_run(atts[i:j], bodies[i:j]) or error
-            i = j
         return error
 
     def _put_mixed(self, bodies: Sequence[Any], atts: Sequence[bytes]) -> BaseException | None:
