@@ -14,9 +14,8 @@ import os
 import threading
 import time
 from bisect import bisect_right
-from collections import deque
 from collections.abc import Callable, Iterator, Sequence
-from itertools import accumulate, repeat, starmap
+from itertools import accumulate, repeat
 from operator import add
 from typing import Any, cast
 
@@ -196,6 +195,14 @@ def _slots(payloads: Sequence[Any]) -> int:
     return sum((size + _SLOT_BYTES - 1) // _SLOT_BYTES or 1 for size in sizes)
 
 
+def _take(items: list[Any], n: int) -> list[Any]:
+    """Remove and return the first ``n`` of ``items`` (two C-level calls: another thread may
+    append meanwhile, never remove)."""
+    taken = items[:n]
+    del items[:n]
+    return taken
+
+
 class _SenderThread:
     """Runs blocking ``put`` calls off the event loop (Zenoh congestion control BLOCK).
 
@@ -221,11 +228,11 @@ class _SenderThread:
         # :meth:`_ZenohPublisher.fast_sender`) its seq, with its stamp, bucket and publish time
         # in the three column queues. A sample's header (or seq) is appended last, so every
         # header the thread counts has its payload and columns queued
-        self._payloads: deque[Any] = deque()
-        self._atts: deque[bytes | int] = deque()
-        self._stamps: deque[int] = deque()
-        self._buckets: deque[int] = deque()
-        self._pubs: deque[int] = deque()
+        self._payloads: list[Any] = []
+        self._atts: list[bytes | int] = []
+        self._stamps: list[int] = []
+        self._buckets: list[int] = []
+        self._pubs: list[int] = []
         # slots pushed (by the publishing thread) and sent (by this thread): each has one writer
         self._pushed_slots = 0
         self._sent_slots = 0
@@ -308,17 +315,12 @@ class _SenderThread:
             # the pushing thread may append meanwhile (taken next round); every header counted
             # here has its payload queued already
             n = len(atts)
-            batch_atts = list(starmap(atts.popleft, repeat((), n)))  # n pops, no bytecode per item
-            bodies = list(starmap(payloads.popleft, repeat((), n)))
+            batch_atts, bodies = _take(atts, n), _take(payloads, n)
             kinds = set(map(type, batch_atts))
             k = n if kinds == {int} else 0 if int not in kinds else sum(type(a) is int for a in batch_atts)
             cols: _Columns | None = None
             if k:
-                cols = (
-                    list(starmap(self._stamps.popleft, repeat((), k))),
-                    list(starmap(self._buckets.popleft, repeat((), k))),
-                    list(starmap(self._pubs.popleft, repeat((), k))),
-                )
+                cols = (_take(self._stamps, k), _take(self._buckets, k), _take(self._pubs, k))
             try:
                 err = self._put_all(bodies, batch_atts, cols)
             except BaseException as bug:  # encoding failed (publish checks what it queues): a bug
