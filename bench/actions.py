@@ -7,6 +7,13 @@ the queue service in its own process as `embodied-bus queue`, or in this one wit
 Shared-subscription throughput (4 consumers with the executors' receiver queue size, ack per
 message) in the same run, with the ratio. Prints one JSON document.
 
+With Pulsar it also measures, in the same run, what an action costs at the least in raw
+pulsar-client (``raw_pulsar_floors``, see :func:`raw_pulsar_floor`): the same four consumers
+answering each message with a reply the planner reads (``request_reply``), and also persisting a
+start record before the reply and a result record after it (``durable_request_reply``: what
+counting attempts across crashes and keeping results for an absent planner take). Their ratios
+to the raw baseline are the ceiling any action queue could reach on that broker and machine.
+
 With ``--executor-processes`` the four no-op executors run as separate ``embodied-bus executor``
 processes (the deployed layout), and submit→start is taken from the start time they return.
 
@@ -55,6 +62,7 @@ sys.path.insert(0, str(ROOT))
 
 from embodied_bus import open_bus  # noqa: E402
 from embodied_bus.actions import Action, Executor, Planner, QueueService, RetryPolicy  # noqa: E402
+from embodied_bus.actions.model import encode_action  # noqa: E402
 from embodied_bus.actions.pulsar_queue import RECEIVER_QUEUE_SIZE  # noqa: E402
 from embodied_bus.actions.service import EXECUTOR_GROUP  # noqa: E402
 from embodied_bus.cli.actions import _at_least_one  # noqa: E402  (the CLI's --prefetch check)
@@ -356,6 +364,132 @@ def raw_pulsar_shared(
     }
 
 
+#: Raw pulsar-client request/reply exchanges per action of ours, for the floors below.
+RAW_EXCHANGES_PER_ACTION = 3
+
+
+def raw_pulsar_floor(
+    url: str,
+    n: int,
+    receiver_queue_size: int | None = None,
+    broker_pid: int | None = None,
+    *,
+    durable: bool = False,
+) -> dict[str, Any]:
+    """What an action costs at the least in raw pulsar-client, no embodied_bus involved.
+
+    The raw Shared baseline's four consumers (same receiver queue, one thread each), but each
+    message is a request to answer: the consumer sends a reply to a non-persistent topic that
+    a fifth consumer (the planner) reads, then acks. With ``durable`` the consumer first
+    persists a start record on a state topic and runs the "handler" (the reply) only once the
+    broker confirms it, then persists a result record too: the least an action needs whose
+    attempts survive a consumer crash and whose result a planner that was away can fetch (as
+    the issue asks). Records go through a batching producer (1 ms), as embodied_bus batches
+    its state records. The request body is an action envelope of a no-op action.
+
+    Returns:
+        ``exchanges_per_s`` (requests answered end to end per second), CPU per exchange of
+        this process and, with ``broker_pid``, of the broker.
+    """
+    import threading
+
+    import pulsar
+
+    from embodied_bus.engines.pulsar_engine import _native_logger
+
+    queue_size = receiver_queue_size or RECEIVER_QUEUE_SIZE
+    client = pulsar.Client(url, logger=_native_logger())
+    tag = uuid.uuid4().hex[:8]
+    queue = f"persistent://public/default/eb-bench-floor-{tag}"
+    replies = f"non-persistent://public/default/eb-bench-floor-replies-{tag}"
+    state = f"persistent://public/default/eb-bench-floor-state-{tag}"
+    consumers = [
+        client.subscribe(
+            queue, "workers", consumer_type=pulsar.ConsumerType.Shared, receiver_queue_size=queue_size
+        )
+        for _ in range(4)
+    ]
+    planner = client.subscribe(replies, "planner", receiver_queue_size=1000)
+    reply_producers = [
+        client.create_producer(replies, batching_enabled=False, block_if_queue_full=True) for _ in consumers
+    ]
+    state_producers = [
+        client.create_producer(
+            state, batching_enabled=True, batching_max_publish_delay_ms=1, block_if_queue_full=True
+        )
+        for _ in consumers
+    ]
+    producer = client.create_producer(queue, batching_enabled=False, block_if_queue_full=True)
+    body = encode_action(Action("noop", {"i": 0}))
+    done = threading.Semaphore(0)
+    finished = threading.Event()
+
+    def plan() -> None:
+        while not finished.is_set():
+            try:
+                planner.receive(timeout_millis=200)
+            except pulsar.Timeout:
+                continue
+            except pulsar.AlreadyClosed:
+                return
+            done.release()
+
+    def work(i: int, c: Any) -> None:
+        reply, records = reply_producers[i], state_producers[i]
+        while not finished.is_set():
+            try:
+                msg = c.receive(timeout_millis=200)
+            except pulsar.Timeout:
+                continue
+            except pulsar.AlreadyClosed:
+                return
+            if not durable:
+                reply.send_async(msg.data(), None)
+                c.acknowledge(msg)
+                continue
+
+            def started(_result: Any, _mid: Any, msg: Any = msg, c: Any = c) -> None:  # client thread
+                records.send_async(msg.data(), None)  # the result record
+                reply.send_async(msg.data(), None)
+                c.acknowledge(msg)
+
+            records.send_async(msg.data(), started)  # the start record, persisted before the reply
+
+    threads = [threading.Thread(target=plan, daemon=True)]
+    threads += [threading.Thread(target=work, args=(i, c), daemon=True) for i, c in enumerate(consumers)]
+    c0 = cpu_s()
+    b0 = proc_cpu_s(broker_pid) if broker_pid else None
+    t0 = time.perf_counter()
+    for t in threads:
+        t.start()
+    for _ in range(n):
+        producer.send_async(body, None)
+    producer.flush()
+    for _ in range(n):
+        if not done.acquire(timeout=60):
+            raise RuntimeError("raw Pulsar floor: a reply did not arrive within 60 s")
+    rate = n / (time.perf_counter() - t0)
+    cpu_ms = (cpu_s() - c0) / n * 1e3
+    b1 = proc_cpu_s(broker_pid) if broker_pid else None
+    finished.set()
+    for t in threads:
+        t.join(2)
+    client.close()
+    return {
+        "exchanges": n,
+        "consumers": 4,
+        "receiver_queue_size": queue_size,
+        "durable_records": durable,
+        "exchanges_per_s": round(rate, 1),
+        "cpu_ms_per_exchange": round(cpu_ms, 4),  # this process
+        **(
+            {"broker_cpu_ms_per_exchange": round((b1 - b0) / n * 1e3, 4)}
+            if b0 is not None and b1 is not None
+            else {}
+        ),
+    }
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__)
     p.add_argument("--quick", action="store_true")
@@ -432,6 +566,10 @@ def main() -> None:
                 # traffic, and with a round of actions (warmed by raw traffic alone, the broker
                 # still spent 0.70 ms of CPU per action against 0.17-0.21 on a warm broker)
                 raw_pulsar_shared(url, RAW_MESSAGES_PER_ACTION * n, args.prefetch, broker_pid)
+                for durable in (False, True):
+                    raw_pulsar_floor(
+                        url, RAW_EXCHANGES_PER_ACTION * n, args.prefetch, broker_pid, durable=durable
+                    )
                 run(actions_bench(n, url, broker_pid=broker_pid, prefetch=args.prefetch))
                 out["pulsar_broker"] = "started by the bench (embodied_bus.testing.pulsar), warmed up"
             ours = run(
@@ -446,11 +584,32 @@ def main() -> None:
             # raw runs about as long as ours (a 5,000-message burst takes ~0.5 s and read 10-60 %
             # higher than the same client sustained over seconds, 2026-12-03)
             raw = raw_pulsar_shared(url, RAW_MESSAGES_PER_ACTION * n, args.prefetch, broker_pid)
+            # what an action costs at the least in raw pulsar-client (see raw_pulsar_floor)
+            floors = {
+                "request_reply": raw_pulsar_floor(
+                    url, RAW_EXCHANGES_PER_ACTION * n, args.prefetch, broker_pid
+                ),
+                "durable_request_reply": raw_pulsar_floor(
+                    url, RAW_EXCHANGES_PER_ACTION * n, args.prefetch, broker_pid, durable=True
+                ),
+            }
         out["pulsar"] = ours
         out["raw_pulsar_shared"] = raw
+        out["raw_pulsar_floors"] = floors
         out["pulsar_ratio"] = {
             "actions_per_s_vs_raw_msgs_per_s": round(ours["actions_per_s"] / raw["msgs_per_s"], 3),
             "target": 0.5,
+            # the same ratio for raw pulsar-client code doing the least an action needs: the
+            # ceiling of any action queue on this broker and machine
+            "raw_request_reply_vs_raw_msgs_per_s": round(
+                floors["request_reply"]["exchanges_per_s"] / raw["msgs_per_s"], 3
+            ),
+            "raw_durable_request_reply_vs_raw_msgs_per_s": round(
+                floors["durable_request_reply"]["exchanges_per_s"] / raw["msgs_per_s"], 3
+            ),
+            "actions_per_s_vs_raw_durable_request_reply": round(
+                ours["actions_per_s"] / floors["durable_request_reply"]["exchanges_per_s"], 3
+            ),
         }
         cpu = ours["cpu_ms_per_action"]
         if "broker" in cpu and "broker_cpu_ms_per_msg" in raw:
