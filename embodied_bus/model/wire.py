@@ -11,6 +11,7 @@ The layout is documented in ``docs/wire-format.md``; change both together and bu
 from __future__ import annotations
 
 import enum
+import functools
 import logging
 import re
 import struct
@@ -454,6 +455,12 @@ def encode_column_batch(
     return att, body
 
 
+@functools.lru_cache(maxsize=256)
+def _uniform_layout(size: int, count: int) -> struct.Struct:
+    """The layout of ``count`` payloads of ``size`` bytes each, one after another."""
+    return struct.Struct(f"{size}s" * count)
+
+
 def _ints(code: str, data: bytes, at: int, count: int) -> tuple[int, ...]:
     """``count`` little-endian integers of the ``array`` typecode ``code`` from ``data[at:]``."""
     a = array(code)
@@ -503,13 +510,8 @@ def _decode_columns(attachment: bytes, payload: bytes) -> HeaderRun:
     bodies: list[bytes]
     if not payload:
         bodies = [b""] * count  # empty payloads (markers, triggers)
-    elif sizes.count(step) == count:
-        bodies = list(
-            map(
-                payload.__getitem__,
-                map(slice, range(0, count * step, step), range(step, count * step + step, step)),
-            )
-        )
+    elif sizes.count(step) == count:  # payloads of one size: one C call (half the time of slicing)
+        bodies = list(_uniform_layout(step, count).unpack(payload))
     else:
         ends = list(accumulate(sizes))
         bodies = list(map(payload.__getitem__, map(slice, [0, *ends[:-1]], ends)))
@@ -675,6 +677,8 @@ def _decode_run(attachment: bytes, payload: bytes, count: int, table: tuple[int,
                 step = sizes[0]
                 if step == 0 and sizes.count(0) == count:
                     bodies = [b""] * count  # empty payloads (markers, triggers)
+                elif sizes.count(step) == count and count * step == len(payload):
+                    bodies = list(_uniform_layout(step, count).unpack(payload))
                 else:
                     starts: Iterable[int]
                     stops: Iterable[int]
