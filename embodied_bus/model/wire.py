@@ -398,14 +398,6 @@ def is_batch(attachment: bytes) -> bool:
     )
 
 
-def _column(code: str, values: Iterable[int]) -> bytes:
-    """``values`` as little-endian integers of the ``array`` typecode ``code``."""
-    a = array(code, values)
-    if _SWAP_U32:  # the same hosts swap every width
-        a.byteswap()
-    return a.tobytes()
-
-
 def encode_column_batch(
     first: bytes,
     seqs: Sequence[int],
@@ -439,16 +431,12 @@ def encode_column_batch(
     n = len(payloads)
     if not n or not len(seqs) == len(stamps_ns) == len(buckets) == len(publish_ns) == n:
         raise ValueError(f"column batch of {n} payloads and columns of other lengths (or empty)")
-    sizes = array(_U32, map(len, payloads))
+    sizes = list(map(len, payloads))
     att = b"".join(
         (
             _COLUMN_HEAD.pack(WIRE_MAGIC, COLUMN_LAYOUT, n, len(first)),
             first,
-            _column("Q", seqs),
-            _column("q", stamps_ns),
-            _column("q", buckets),
-            _column("q", publish_ns),
-            _column(_U32, sizes),
+            _columns_layout(n).pack(*seqs, *stamps_ns, *buckets, *publish_ns, *sizes),
         )
     )
     body = b"".join(payloads) if join is None else join(payloads, sum(sizes))
@@ -456,18 +444,17 @@ def encode_column_batch(
 
 
 @functools.lru_cache(maxsize=256)
+def _columns_layout(count: int) -> struct.Struct:
+    """The five columns of a column batch of ``count`` samples, little-endian: seq (``u64``),
+    stamp_ns, bucket, publish_ns (``i64``), payload length (``u32``); one C call packs or
+    unpacks them all."""
+    return struct.Struct(f"<{count}Q{count}q{count}q{count}q{count}I")
+
+
+@functools.lru_cache(maxsize=256)
 def _uniform_layout(size: int, count: int) -> struct.Struct:
     """The layout of ``count`` payloads of ``size`` bytes each, one after another."""
     return struct.Struct(f"{size}s" * count)
-
-
-def _ints(code: str, data: bytes, at: int, count: int) -> tuple[int, ...]:
-    """``count`` little-endian integers of the ``array`` typecode ``code`` from ``data[at:]``."""
-    a = array(code)
-    a.frombytes(data[at : at + count * a.itemsize])
-    if _SWAP_U32:
-        a.byteswap()
-    return tuple(a)
 
 
 def _decode_columns(attachment: bytes, payload: bytes) -> HeaderRun:
@@ -490,11 +477,9 @@ def _decode_columns(attachment: bytes, payload: bytes) -> HeaderRun:
         )
     at = n_head + header_len
     first = decode_header(attachment[n_head:at])
-    seqs = _ints("Q", attachment, at, count)
-    stamps = _ints("q", attachment, at + 8 * count, count)
-    buckets = _ints("q", attachment, at + 16 * count, count)
-    publish = _ints("q", attachment, at + 24 * count, count)
-    sizes = _ints(_U32, attachment, at + 32 * count, count)
+    cols = _columns_layout(count).unpack_from(attachment, at)
+    seqs, stamps, buckets = cols[:count], cols[count : 2 * count], cols[2 * count : 3 * count]
+    publish, sizes = cols[3 * count : 4 * count], cols[4 * count :]
     if sum(sizes) != len(payload):
         raise HeaderError(f"column batch payloads add up to {sum(sizes)} bytes, not {len(payload)}")
     if (first.seq, first.stamp_ns, first.bucket, first.publish_ns) != (
