@@ -88,7 +88,7 @@ def zenoh_pair(shm_pool_bytes: int | None = None) -> tuple[Any, Any]:
 
     from embodied_bus.testing.ports import free_port
 
-    zenoh.init_log_from_env_or("error")
+    zenoh.try_init_log_from_env()  # type: ignore[no-untyped-call]  # only with RUST_LOG, as embodied_bus
     port = free_port()
 
     def cfg(listen: bool) -> Any:
@@ -130,12 +130,12 @@ def raw_zenoh_throughput(
     while not pub.matching_status.matching:
         time.sleep(0.005)
     payload = bytes(size)
-    provider = policy = None
+    provider = None
+    policy = zenoh.shm.BlockOn(zenoh.shm.GarbageCollect())
     if shm_api:
         from embodied_bus.engines.zenoh_engine import _shm_pool_bytes
 
         provider = zenoh.shm.ShmProvider.default_backend(_shm_pool_bytes(size) or 32 << 20)
-        policy = zenoh.shm.BlockOn(zenoh.shm.GarbageCollect())
     c0 = cpu_s()
     t0 = time.perf_counter()
     if provider is None:

@@ -580,3 +580,37 @@ def test_stream_stats_compute_run_latencies_when_asked_and_keep_only_the_recent_
     for i in range(100):  # one by one: kept next to the runs
         st.observe(7, seq + i, 10, 500_000_000)
     assert st.latency_percentiles_ms()[1] == 500.0
+
+
+def test_opening_a_zenoh_bus_leaves_zenohs_process_wide_logger_to_the_application() -> None:
+    """zenoh-python writes its log lines to standard output; a bus that claimed the logger (it
+    is first-come, process-wide) would put them among what the program prints there."""
+    import os
+    import subprocess
+    import sys
+    import textwrap
+
+    script = textwrap.dedent(
+        """
+        import asyncio, zenoh
+        from embodied_bus import open_bus
+
+        async def main() -> None:
+            async with open_bus("zenoh:") as bus:
+                await bus.publisher("s")
+            zenoh.init_log_from_env_or("debug")  # the application's choice: takes effect
+            config = zenoh.Config()
+            config.insert_json5("scouting/multicast/enabled", "false")
+            zenoh.open(config).close()
+
+        asyncio.run(main())
+        print("END")
+        """
+    )
+    env = {k: v for k, v in os.environ.items() if k != "RUST_LOG"}
+    done = subprocess.run(
+        [sys.executable, "-c", script], capture_output=True, text=True, timeout=60, check=False, env=env
+    )
+    assert done.returncode == 0, done.stderr
+    lines = done.stdout.splitlines()
+    assert lines[-1] == "END" and any("DEBUG" in line for line in lines[:-1])

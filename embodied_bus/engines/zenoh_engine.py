@@ -106,10 +106,14 @@ _log_done = False
 
 
 def _init_logging() -> None:
+    """Zenoh's own log lines, only when ``RUST_LOG`` asks for them: zenoh-python writes them to
+    standard output, where they would corrupt what a program prints there (JSON, samples).
+    A default level of "error" once put a shared-memory watchdog's "timer overrun" into the
+    middle of a benchmark's JSON."""
     global _log_done
     with _log_init:
         if not _log_done:
-            zenoh.init_log_from_env_or("error")
+            zenoh.try_init_log_from_env()  # type: ignore[no-untyped-call]
             _log_done = True
 
 
