@@ -288,6 +288,45 @@ async def actions_bench(
 RAW_MESSAGES_PER_ACTION = 6
 
 
+def _drive_raw(
+    threads: list[Any],
+    producer: Any,
+    body: bytes,
+    n: int,
+    done: Any,
+    finished: Any,
+    client: Any,
+    broker_pid: int | None,
+    what: str,
+) -> tuple[float, float, float | None]:
+    """Start ``threads``, send ``n`` messages of ``body``, wait until ``done`` was released ``n``
+    times, then stop the threads and close ``client``.
+
+    Returns:
+        (per second, CPU ms of this process per message, the broker's or None).
+    """
+    c0 = cpu_s()
+    b0 = proc_cpu_s(broker_pid) if broker_pid else None
+    t0 = time.perf_counter()
+    for t in threads:
+        t.start()
+    for _ in range(n):
+        producer.send_async(body, None)
+    producer.flush()
+    for _ in range(n):
+        if not done.acquire(timeout=60):
+            raise RuntimeError(f"{what}: a message did not arrive within 60 s")
+    rate = n / (time.perf_counter() - t0)
+    cpu_ms = (cpu_s() - c0) / n * 1e3
+    b1 = proc_cpu_s(broker_pid) if broker_pid else None
+    finished.set()
+    for t in threads:
+        t.join(2)
+    client.close()
+    broker_ms = (b1 - b0) / n * 1e3 if b0 is not None and b1 is not None else None
+    return rate, cpu_ms, broker_ms
+
+
 def raw_pulsar_shared(
     url: str, n: int, receiver_queue_size: int | None = None, broker_pid: int | None = None
 ) -> dict[str, Any]:
@@ -332,35 +371,16 @@ def raw_pulsar_shared(
             done.release()
 
     threads = [threading.Thread(target=work, args=(c,), daemon=True) for c in consumers]
-    c0 = cpu_s()
-    b0 = proc_cpu_s(broker_pid) if broker_pid else None
-    t0 = time.perf_counter()
-    for t in threads:
-        t.start()
-    for _ in range(n):
-        producer.send_async(b"{}", None)
-    producer.flush()
-    for _ in range(n):
-        if not done.acquire(timeout=60):
-            raise RuntimeError("raw Pulsar baseline: a message did not arrive within 60 s")
-    rate = n / (time.perf_counter() - t0)
-    cpu_ms = (cpu_s() - c0) / n * 1e3
-    b1 = proc_cpu_s(broker_pid) if broker_pid else None
-    finished.set()
-    for t in threads:
-        t.join(2)
-    client.close()
+    rate, cpu_ms, broker_ms = _drive_raw(
+        threads, producer, b"{}", n, done, finished, client, broker_pid, "raw Pulsar baseline"
+    )
     return {
         "messages": n,
         "consumers": 4,
         "receiver_queue_size": queue_size,
         "msgs_per_s": round(rate, 1),
         "cpu_ms_per_msg": round(cpu_ms, 4),  # this process
-        **(
-            {"broker_cpu_ms_per_msg": round((b1 - b0) / n * 1e3, 4)}
-            if b0 is not None and b1 is not None
-            else {}
-        ),
+        **({"broker_cpu_ms_per_msg": round(broker_ms, 4)} if broker_ms is not None else {}),
     }
 
 
@@ -457,24 +477,9 @@ def raw_pulsar_floor(
 
     threads = [threading.Thread(target=plan, daemon=True)]
     threads += [threading.Thread(target=work, args=(i, c), daemon=True) for i, c in enumerate(consumers)]
-    c0 = cpu_s()
-    b0 = proc_cpu_s(broker_pid) if broker_pid else None
-    t0 = time.perf_counter()
-    for t in threads:
-        t.start()
-    for _ in range(n):
-        producer.send_async(body, None)
-    producer.flush()
-    for _ in range(n):
-        if not done.acquire(timeout=60):
-            raise RuntimeError("raw Pulsar floor: a reply did not arrive within 60 s")
-    rate = n / (time.perf_counter() - t0)
-    cpu_ms = (cpu_s() - c0) / n * 1e3
-    b1 = proc_cpu_s(broker_pid) if broker_pid else None
-    finished.set()
-    for t in threads:
-        t.join(2)
-    client.close()
+    rate, cpu_ms, broker_ms = _drive_raw(
+        threads, producer, body, n, done, finished, client, broker_pid, "raw Pulsar floor"
+    )
     return {
         "exchanges": n,
         "consumers": 4,
@@ -482,11 +487,7 @@ def raw_pulsar_floor(
         "durable_records": durable,
         "exchanges_per_s": round(rate, 1),
         "cpu_ms_per_exchange": round(cpu_ms, 4),  # this process
-        **(
-            {"broker_cpu_ms_per_exchange": round((b1 - b0) / n * 1e3, 4)}
-            if b0 is not None and b1 is not None
-            else {}
-        ),
+        **({"broker_cpu_ms_per_exchange": round(broker_ms, 4)} if broker_ms is not None else {}),
     }
 
 

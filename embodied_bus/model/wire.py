@@ -17,7 +17,7 @@ import re
 import struct
 import sys
 from array import array
-from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from itertools import accumulate, repeat
 from typing import Any, ClassVar, NamedTuple
 
@@ -493,16 +493,18 @@ def _decode_columns(attachment: bytes, payload: bytes) -> HeaderRun:
         raise HeaderError("column batch: the first header and the first row of the columns differ")
     if 0 in seqs:
         raise HeaderError("sequence number 0 in a column batch (they start at 1)")
-    step = sizes[0]
-    bodies: list[bytes]
+    return HeaderRun(first, seqs, stamps, buckets, publish, _split_payloads(payload, sizes), sizes)
+
+
+def _split_payloads(payload: bytes, sizes: Sequence[int]) -> list[bytes]:
+    """The payloads of a batch, given their sizes (bytes; checked to add up to ``payload``)."""
+    count, step = len(sizes), sizes[0]
     if not payload:
-        bodies = [b""] * count  # empty payloads (markers, triggers)
-    elif sizes.count(step) == count:  # payloads of one size: one C call (half the time of slicing)
-        bodies = list(_uniform_layout(step, count).unpack(payload))
-    else:
-        ends = list(accumulate(sizes))
-        bodies = list(map(payload.__getitem__, map(slice, [0, *ends[:-1]], ends)))
-    return HeaderRun(first, seqs, stamps, buckets, publish, bodies, sizes)
+        return [b""] * count  # empty payloads (markers, triggers)
+    if sizes.count(step) == count:  # payloads of one size: one C call (half the time of slicing)
+        return list(_uniform_layout(step, count).unpack(payload))
+    ends = list(accumulate(sizes))
+    return list(map(payload.__getitem__, map(slice, [0, *ends[:-1]], ends)))
 
 
 def encode_batch(entries: list[tuple[bytes, bytes | bytearray]]) -> tuple[bytes, bytes]:
@@ -660,21 +662,8 @@ def _decode_run(attachment: bytes, payload: bytes, count: int, table: tuple[int,
             except HeaderError:
                 first = None
             if first is not None and 0 not in seqs:
-                sizes = table[1::2]
-                step = sizes[0]
-                if step == 0 and sizes.count(0) == count:
-                    bodies = [b""] * count  # empty payloads (markers, triggers)
-                elif sizes.count(step) == count and count * step == len(payload):
-                    bodies = list(_uniform_layout(step, count).unpack(payload))
-                else:
-                    starts: Iterable[int]
-                    stops: Iterable[int]
-                    if sizes.count(step) == count:
-                        starts, stops = range(0, count * step, step), range(step, count * step + step, step)
-                    else:
-                        ends = list(accumulate(sizes))
-                        starts, stops = [0, *ends[:-1]], ends
-                    bodies = list(map(payload.__getitem__, map(slice, starts, stops)))
+                sizes = table[1::2]  # _batch_table checked that they fill the payload
+                bodies = _split_payloads(payload, sizes)
                 return HeaderRun(first, seqs, stamps, buckets, publish, bodies, sizes)
     return None
 
