@@ -63,8 +63,8 @@ sys.path.insert(0, str(ROOT))
 from embodied_bus import open_bus  # noqa: E402
 from embodied_bus.actions import Action, Executor, Planner, QueueService, RetryPolicy  # noqa: E402
 from embodied_bus.actions.model import encode_action  # noqa: E402
-from embodied_bus.actions.pulsar_queue import RECEIVER_QUEUE_SIZE  # noqa: E402
-from embodied_bus.actions.service import EXECUTOR_GROUP  # noqa: E402
+from embodied_bus.actions.pulsar import RECEIVER_QUEUE_SIZE  # noqa: E402
+from embodied_bus.actions.queue import EXECUTOR_GROUP  # noqa: E402
 from embodied_bus.cli.actions import _at_least_one  # noqa: E402  (the CLI's --prefetch check)
 from embodied_bus.loop import LOOP_CHOICES, LOOP_ENV, loop_runner  # noqa: E402
 from embodied_bus.testing.ports import free_port  # noqa: E402

@@ -4,12 +4,13 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from collections.abc import Callable, Generator, Sequence
 from typing import Any
 
 from embodied_bus.engines import Engine, open_engine, parse_bus_url
 from embodied_bus.engines.urls import DEFAULT_URL, PulsarSettings, ZenohSettings
-from embodied_bus.errors import BusClosedError, BusConfigError
+from embodied_bus.errors import BusClosedError, BusConfigError, BusConnectionError
 from embodied_bus.model.clock import BucketClock
 from embodied_bus.model.encoding import ENCODING_RAW
 from embodied_bus.model.qos import PublisherOptions, SubscriptionOptions
@@ -18,6 +19,11 @@ from embodied_bus.streams.publisher import Publisher
 from embodied_bus.streams.subscriber import Subscription
 
 __all__ = ["Bus", "open_bus"]
+
+_log = logging.getLogger("embodied_bus")
+#: First and longest pause between tries of a bus that cannot be reached yet, seconds.
+WAIT_FIRST_S = 0.5
+WAIT_MAX_S = 5.0
 
 
 class Bus:
@@ -147,16 +153,29 @@ class Bus:
 class _BusOpener:
     """Awaitable and async context manager returned by :func:`open_bus`."""
 
-    def __init__(self, url: str, namespace: str | None, connect_timeout_s: float | None) -> None:
+    def __init__(
+        self, url: str, namespace: str | None, connect_timeout_s: float | None, wait_s: float
+    ) -> None:
         self._url = url
         self._namespace = namespace
         self._timeout = connect_timeout_s
+        self._wait_s = wait_s
         self._bus: Bus | None = None
 
     async def _open(self) -> Bus:
         settings = parse_bus_url(self._url, namespace=self._namespace, connect_timeout_s=self._timeout)
-        engine = await open_engine(settings)
-        return Bus(self._url, settings, engine)
+        deadline = time.monotonic() + self._wait_s
+        pause_s = WAIT_FIRST_S
+        while True:
+            try:
+                engine = await open_engine(settings)
+                return Bus(self._url, settings, engine)
+            except BusConnectionError as err:
+                if time.monotonic() + pause_s > deadline:
+                    raise
+                _log.warning("waiting for the bus at %s: %s (trying again in %g s)", self._url, err, pause_s)
+            await asyncio.sleep(pause_s)
+            pause_s = min(WAIT_MAX_S, pause_s * 2)
 
     def __await__(self) -> Generator[Any, None, Bus]:
         return self._open().__await__()
@@ -175,6 +194,7 @@ def open_bus(
     *,
     namespace: str | None = None,
     connect_timeout_s: float | None = None,
+    wait_s: float = 0.0,
 ) -> _BusOpener:
     """Open a bus from a URL: ``bus = await open_bus(url)`` or ``async with open_bus(url) as bus``.
 
@@ -183,9 +203,11 @@ def open_bus(
             ``pulsar+ssl://host:6651`` ... (see :mod:`embodied_bus.engines.urls`).
         namespace: Robot namespace (overrides ``ns=`` in the URL; default ``default``).
         connect_timeout_s: Time to reach a router or broker (overrides ``timeout=``).
+        wait_s: Keep trying for this long while the router or broker cannot be reached (it is
+            starting, or restarting), with a log line per try (``math.inf``: until it answers).
 
     Raises:
         BusConfigError: Unknown scheme or option.
         BusConnectionError: Router or broker unreachable within the timeout.
     """
-    return _BusOpener(url, namespace, connect_timeout_s)
+    return _BusOpener(url, namespace, connect_timeout_s, wait_s)

@@ -13,6 +13,7 @@ from typing import Any, TypeVar
 
 from embodied_bus.actions.client import ActionHandle, Planner
 from embodied_bus.actions.model import Action, ActionStatus
+from embodied_bus.actions.queue import Backlog
 from embodied_bus.bus import Bus, open_bus
 from embodied_bus.engines.urls import DEFAULT_URL
 from embodied_bus.errors import BusClosedError
@@ -202,7 +203,7 @@ class SyncPlanner:
         """A handle on an existing action (e.g. after a restart)."""
         return self._handle(self.inner.handle(action_id))
 
-    def backlog(self) -> dict[str, Any]:
+    def backlog(self) -> Backlog:
         """The queue's backlog (see :meth:`Planner.backlog`)."""
         return self._runner.run(self.inner.backlog())
 

@@ -81,7 +81,7 @@ async def test_an_executor_killed_mid_action_is_replaced_and_the_action_resumes_
         a = executor(url_b, ns, "A")
         b = None
         try:
-            await wait_until(lambda: "A" in service._live, 30, "executor A announced")
+            await wait_until(lambda: "A" in service.live_executors(), 30, "executor A announced")
             h = await planner.submit("navigate_to", {"hang_first": True})
 
             async def checkpointed() -> bool:

@@ -402,6 +402,7 @@ def test_doctor_sends_its_round_trip_through_the_router_of_the_url() -> None:
 
 
 def test_the_actions_view_sums_kinds_and_derives_rates_that_never_go_negative() -> None:
+    from embodied_bus.actions import Backlog
     from embodied_bus.cli.actions import ActionsView
 
     view = ActionsView()
@@ -414,15 +415,17 @@ def test_the_actions_view_sums_kinds_and_derives_rates_that_never_go_negative() 
         "redeliveries": 4,
         "pruned": 0,
     }
-    first = view.update(reply, 100.0)
+    first = view.update(Backlog.from_dict(reply), 100.0)
     assert first["kinds"] == {"pick": {"queued": 5, "leased": 1, "retrying": 1, "dead": 1}}
     assert (first["queued"], first["in_flight"], first["dead_letters"], first["ended"]) == (5, 1, 1, 11)
     assert first["rates"] == {"ended_per_s": None, "redeliveries_per_s": None}
     later = {**reply, "stats": {**reply["stats"], "succeeded": 6}, "redeliveries": 8, "pruned": 24}
-    second = view.update(later, 102.0)  # 20 more ended, 24 of all of them pruned meanwhile
+    second = view.update(Backlog.from_dict(later), 102.0)  # 20 more ended, 24 of all of them pruned meanwhile
     assert second["rates"] == {"ended_per_s": 10.0, "redeliveries_per_s": 2.0}
     forgot = {**reply, "stats": {"succeeded": 1}, "redeliveries": 0, "pruned": 0}
-    third = view.update(forgot, 103.0)  # a Pulsar view that forgot old actions: no negative rate
+    third = view.update(
+        Backlog.from_dict(forgot), 103.0
+    )  # a Pulsar view that forgot old actions: no negative rate
     assert third["rates"] == {"ended_per_s": 0.0, "redeliveries_per_s": 0.0}
     text = ActionsView.text(second)
     assert "pick/p5" in text and "in flight 1" in text and "ended 31 (10/s)" in text and "(2/s)" in text

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import pytest
 
+from embodied_bus.actions import Backlog
 from embodied_bus.cli.doctor import (
     PULSAR_SLOW_P50_MS,
     SHM_WANTED_BYTES,
@@ -55,7 +56,7 @@ def test_the_action_checks_list_executors_and_warn_about_kinds_nobody_runs() -> 
             "wave/p1": {"queued": 0, "leased": 0, "retrying": 0, "dead": 4},  # nothing waits
         }
     }
-    queue, live, kinds = check_actions("zenoh", executors, backlog)
+    queue, live, kinds = check_actions("zenoh", executors, Backlog.from_dict(backlog))
     assert queue == Check("action queue", "ok", queue.detail)
     assert "2 queued, 1 in flight, 1 retrying, 6 dead letter(s)" in queue.detail
     assert live.status == "ok" and live.detail == ("3 live: arm (pick, place), base (dock), odd (no kinds)")

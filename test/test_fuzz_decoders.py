@@ -418,18 +418,20 @@ def test_limits_are_configurable_and_named_in_errors() -> None:
 
 OPS = [
     "submit",
-    "lease",
-    "ack",
-    "nack",
-    "extend",
-    "checkpoint",
     "get",
+    "ended",
     "cancel",
-    "dlq",
+    "dead_letters",
     "requeue",
     "purge",
     "backlog",
+    "take",
+    "renew",
+    "checkpoint",
+    "report",
+    "retire",
 ]
+EXECUTOR = st.fixed_dictionaries({"name": st.text(max_size=8), "session": st.text(max_size=8)})
 
 
 @st.composite
@@ -442,20 +444,30 @@ def hostile_request(draw: st.DrawFn) -> bytes:
         "executor",
         "kinds",
         "id",
-        "reason",
-        "permanent",
-        "lease_s",
+        "ids",
+        "leases",
+        "lease",
+        "reports",
+        "max",
         "state",
         "labels",
-        "result",
     ]
     for key in draw(st.lists(st.sampled_from(fields), max_size=5)):
-        req[key] = draw(JSON)
+        req[key] = draw(EXECUTOR if key == "executor" else JSON)
     if draw(st.booleans()):
         req["actions"] = [
             json.loads(_envelope())
             | draw(
                 st.dictionaries(st.sampled_from(["kind", "priority", "payload", "deadline_ns", "auth"]), JSON)
+            )
+        ]
+    if draw(st.booleans()):
+        req["reports"] = [
+            draw(
+                st.fixed_dictionaries(
+                    {"id": st.text(max_size=4), "attempt": st.integers(-2, 3), "ok": st.booleans()},
+                    optional={"result": JSON, "reason": JSON, "permanent": JSON},
+                )
             )
         ]
     return json.dumps(req).encode()
@@ -475,17 +487,19 @@ def test_the_queue_service_answers_hostile_requests_and_keeps_serving(tmp_path: 
             @FUZZ
             @given(hostile_request())
             def run(data: bytes) -> None:
-                reply = json.loads(svc.handle(data))
-                assert reply["ok"] in (True, False)
-                if not reply["ok"]:
+                reply = json.loads(svc.core.handle_bytes(data))
+                assert isinstance(reply["r"], str)
+                if reply["r"] == "error":
                     assert isinstance(reply["error"], str) and reply["error"]
 
             run()
             assert svc.bad_requests > 0
             good = json.loads(
-                svc.handle(json.dumps({"op": "submit", "actions": [json.loads(_envelope())]}).encode())
+                svc.core.handle_bytes(
+                    json.dumps({"op": "submit", "actions": [json.loads(_envelope())]}).encode()
+                )
             )
-            assert good["ok"] and good["actions"][0]["status"] == "queued"
+            assert good["r"] == "submitted" and good["actions"][0]["status"] == "queued"
 
     asyncio.run(main())
 

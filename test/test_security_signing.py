@@ -15,7 +15,6 @@ import pytest
 from embodied_bus import open_bus
 from embodied_bus.actions import (
     Action,
-    ActionError,
     ActionStatus,
     Executor,
     Planner,
@@ -186,7 +185,7 @@ async def test_executors_run_only_allowed_signed_actions_and_dead_letter_the_res
         tasks.append(asyncio.create_task(ex.run(stop)))
         planner = Planner(bus, signer=Signer(PLANNER, audience="r1"))
         plain = Planner(bus)
-        await wait_until(lambda: len(service._live) >= 1, 10, "executor announced")
+        await wait_until(lambda: len(service.live_executors()) >= 1, 10, "executor announced")
 
         good = await planner.submit("navigate_to", {"x": 1})
         assert (await good.result(timeout_s=15)).result == {"done": {"x": 1}}
@@ -213,8 +212,8 @@ async def test_executors_run_only_allowed_signed_actions_and_dead_letter_the_res
         # a captured signed action replayed into the same queue is refused at submit...
         captured = await planner.get(good.id)
         assert captured is not None and captured.auth is not None
-        with pytest.raises(ActionError, match="already exists"):
-            await plain.submit_many([dataclasses.replace(captured, attempts=[], result=None)])
+        (again,) = await plain.submit_many([dataclasses.replace(captured, attempts=[], result=None)])
+        assert again.duplicate and again.id == good.id  # the stored action answers: nothing runs
         # ...and one replayed through a fresh queue (wiped or foreign) is refused by the executor
         stop_svc = asyncio.Event()
         tasks[0].cancel()

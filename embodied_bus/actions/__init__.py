@@ -1,37 +1,54 @@
-"""The action work queue: actions, retry policy and the durable store (transport-free).
+"""The action work queue: planners submit actions, executors run them, through one queue
+interface with a backend per engine (a Zenoh queue service, Apache Pulsar's topics, or an
+in-process queue), and one lifecycle every backend calls."""
 
-The planner/executor APIs over Zenoh and Pulsar build on these; see the action-queue issue.
-"""
-
-# The bus-facing parts import the bus; keep them after the pure ones.
 from embodied_bus.actions.client import ActionHandle, Planner
-from embodied_bus.actions.executor import ActionContext, Executor
+from embodied_bus.actions.context import ActionContext
+from embodied_bus.actions.executor import Executor
+from embodied_bus.actions.memory import MemoryQueue
 from embodied_bus.actions.model import (
     Action,
     ActionError,
     ActionStatus,
     Attempt,
+    Outcome,
     decode_action,
     encode_action,
 )
 from embodied_bus.actions.policy import DEFAULT_RETRY, PermanentFailure, RetryPolicy
+from embodied_bus.actions.queue import (
+    EXECUTOR_GROUP,
+    ActionQueue,
+    Backlog,
+    QueueUnavailable,
+    executors_with,
+    open_queue,
+)
 from embodied_bus.actions.service import QueueService
 from embodied_bus.actions.store import ActionStore
 
 __all__ = [
     "DEFAULT_RETRY",
+    "EXECUTOR_GROUP",
     "Action",
     "ActionContext",
     "ActionError",
     "ActionHandle",
+    "ActionQueue",
     "ActionStatus",
     "ActionStore",
     "Attempt",
+    "Backlog",
     "Executor",
+    "MemoryQueue",
+    "Outcome",
     "PermanentFailure",
     "Planner",
     "QueueService",
+    "QueueUnavailable",
     "RetryPolicy",
     "decode_action",
     "encode_action",
+    "executors_with",
+    "open_queue",
 ]

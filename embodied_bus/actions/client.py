@@ -5,29 +5,33 @@ from __future__ import annotations
 import asyncio
 import heapq
 import itertools
-import json
+import logging
+import time
 from collections import OrderedDict
-from collections.abc import AsyncIterator, Callable, Sequence
-from typing import Any
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
+from typing import TYPE_CHECKING, Any, TypeVar
 
-from embodied_bus.actions.model import (
-    Action,
-    ActionError,
-    ActionStatus,
-    action_from_dict,
-    action_to_dict,
-    decode_action,
-)
+from embodied_bus.actions.model import Action, ActionError, ActionStatus
 from embodied_bus.actions.policy import DEFAULT_RETRY, RetryPolicy
-from embodied_bus.actions.service import SERVICE
-from embodied_bus.bus import Bus
+from embodied_bus.actions.queue import ActionQueue, Backlog, QueueOptions, QueueUnavailable, open_queue
 from embodied_bus.errors import BusClosedError, BusConnectionError
 from embodied_bus.security.signing import Signer
 
+if TYPE_CHECKING:
+    from embodied_bus.bus import Bus
+
 __all__ = ["ActionHandle", "Planner"]
 
-#: How long a request waits for the queue service, seconds.
+_log = logging.getLogger("embodied_bus.actions")
+T = TypeVar("T")
+
+#: How long one request waits for the queue, seconds.
 REQUEST_TIMEOUT_S = 5.0
+#: How long a planner keeps trying while the queue is away, seconds.
+CONNECT_TIMEOUT_S = 30.0
+#: First and longest pause between such tries, seconds.
+RETRY_FIRST_S = 0.2
+RETRY_MAX_S = 2.0
 #: Results a planner keeps for actions nobody awaited yet.
 RESULT_CACHE = 10_000
 #: First look at the queue for awaited results the subscription did not bring, seconds.
@@ -46,39 +50,46 @@ class Planner:
 
     On Zenoh the queue is a queue service (``embodied-bus queue`` or :class:`QueueService`
     hosted anywhere); on Apache Pulsar it is Pulsar's topics and subscriptions
-    (:mod:`embodied_bus.actions.pulsar_queue`), with no service to run.
+    (:mod:`embodied_bus.actions.pulsar`), with no service to run; a
+    :class:`~embodied_bus.actions.memory.MemoryQueue` keeps it in this process.
 
     Args:
-        bus: The bus.
-        timeout_s: How long a request waits for the queue service (Zenoh).
+        bus: The bus (or give ``queue``).
+        queue: The action queue (default: the bus's backend).
+        timeout_s: How long one request waits for the queue, seconds.
         signer: Sign every submitted action (executors with a verifier run only signed ones).
-        policy: Retry policy for actions requeued from the dead-letter queue on Pulsar (on
-            Zenoh the queue service's policy applies).
+        policy: Retry policy for actions requeued from the dead-letter queue on Pulsar (a queue
+            service applies its own).
+        connect_timeout_s: While the queue is away (a restart, a network drop), requests are
+            tried again with backoff for up to this long before they fail with
+            :class:`~embodied_bus.actions.queue.QueueUnavailable` (0: fail at once).
 
-    Use it as an async context manager, or call :meth:`close`, to release its reply channel.
+    Use it as an async context manager, or call :meth:`close`, to release its result channel.
     """
 
     def __init__(
         self,
-        bus: Bus,
+        bus: Bus | None = None,
         *,
+        queue: ActionQueue | None = None,
         timeout_s: float = REQUEST_TIMEOUT_S,
         signer: Signer | None = None,
         policy: RetryPolicy = DEFAULT_RETRY,
+        connect_timeout_s: float = CONNECT_TIMEOUT_S,
     ) -> None:
+        if queue is None and bus is None:
+            raise ValueError("a planner needs a bus or a queue")
         self.bus = bus
         self.timeout_s = timeout_s
         self.signer = signer
-        self._pulsar: Any = None
-        if bus.engine.name == "pulsar":
-            from embodied_bus.actions.pulsar_queue import PulsarActionQueue
-
-            self._pulsar = PulsarActionQueue(bus.engine, policy)  # type: ignore[arg-type]
-        # One subscription for every result (not one per action), declared before the first
+        self.connect_timeout_s = connect_timeout_s
+        self._own_queue = queue is None
+        self.queue = queue if queue is not None else open_queue(bus, QueueOptions(policy, timeout_s))  # type: ignore[arg-type]
+        # One subscription for every result (not one per action), opened before the first
         # submit so results that arrive before anyone awaits them are kept (bounded).
         self._results: OrderedDict[str, Action] = OrderedDict()
         self._waiters: dict[str, list[asyncio.Future[Action]]] = {}
-        self._results_sub: Any = None
+        self._watching = False
         self._poller: asyncio.Task[None] | None = None
         # result waits with a timeout: (loop time, seq, future), earliest first
         self._deadlines: list[tuple[float, int, asyncio.Future[Action]]] = []
@@ -87,7 +98,8 @@ class Planner:
         # feedback streams running: each ends with an error when the planner or its bus closes
         self._feedback_stops: set[Callable[[BaseException], None]] = set()
         self._gone: str | None = None  # why results can no longer come (closed)
-        bus.add_close_callback(self._bus_closed)
+        if bus is not None:
+            bus.add_close_callback(self._bus_closed)
 
     async def __aenter__(self) -> Planner:
         return self
@@ -111,57 +123,52 @@ class Planner:
             stop(BusClosedError(f"the planner stopped receiving feedback: {why}"))
 
     async def close(self) -> None:
-        """Stop listening for results (and release the Pulsar reply topic and state reader).
-        Results still awaited fail with :class:`BusClosedError`."""
-        self.bus.remove_close_callback(self._bus_closed)
+        """Stop listening for results (and release what the queue backend opened). Results
+        still awaited fail with :class:`BusClosedError`."""
+        if self.bus is not None:
+            self.bus.remove_close_callback(self._bus_closed)
         self._fail_waiters("the planner was closed")
         if self._poller is not None:
             self._poller.cancel()
         if self._deadline_timer is not None:
             self._deadline_timer.cancel()
             self._deadline_timer = None
-        if self._results_sub is not None and self._pulsar is None:
-            self._results_sub.undeclare()
-        self._results_sub = None
-        if self._pulsar is not None:
-            await self._pulsar.close()
+        if self._own_queue:
+            await self.queue.close()
 
-    async def _ensure_results_sub(self) -> None:
-        if self._results_sub is not None:
-            return
-        loop = asyncio.get_running_loop()
+    async def _retrying(self, what: str, call: Callable[[], Awaitable[T]]) -> T:
+        """``call()``, tried again with backoff while the queue is away, for up to
+        ``connect_timeout_s``."""
+        deadline = time.monotonic() + self.connect_timeout_s
+        pause = RETRY_FIRST_S
+        said = False
+        while True:
+            try:
+                return await call()
+            except QueueUnavailable as err:
+                if time.monotonic() + pause > deadline:
+                    raise QueueUnavailable(f"{what}: {err}") from err
+                if not said:
+                    said = True
+                    _log.warning("%s: the action queue is away (%s); trying again", what, err)
+            await asyncio.sleep(pause)
+            pause = min(RETRY_MAX_S, pause * 2)
 
-        def on_result(topic: str, payload: bytes) -> None:  # engine thread
-            loop.call_soon_threadsafe(self._settle, topic.rsplit("/", 1)[-1], payload)
+    async def _ensure_results(self) -> None:
+        if not self._watching:
+            self._watching = True
+            try:
+                await self.queue.watch_results(self._settle)
+            except BaseException:
+                self._watching = False
+                raise
 
-        def on_results(results: list[tuple[str, Any]]) -> None:  # receiving thread (Pulsar)
-            loop.call_soon_threadsafe(self._settle_many, results)
-
-        if self._pulsar is not None:
-            await self._pulsar.listen_results(on_results)
-            self._results_sub = on_result
-        else:
-            self._results_sub = self.bus.engine.listen("actions/result/*", on_result)
-
-    def _settle_many(self, results: list[tuple[str, Action]]) -> None:
-        for action_id, envelope in results:
-            self._settle(action_id, envelope)
-
-    def _settle(self, action_id: str, payload: bytes | dict[str, Any] | Action) -> None:
-        """A result arrived: ``payload`` is the envelope, as JSON bytes, parsed or decoded."""
-        try:
-            if isinstance(payload, Action):
-                action = payload
-            elif isinstance(payload, dict):
-                action = action_from_dict(payload, check_payload=False)
-            else:
-                action = decode_action(payload)
-        except ActionError:
-            return
-        self._results[action_id] = action
+    def _settle(self, action: Action) -> None:
+        """A result arrived (loop thread)."""
+        self._results[action.id] = action
         while len(self._results) > RESULT_CACHE:
             self._results.popitem(last=False)
-        for fut in self._waiters.pop(action_id, []):
+        for fut in self._waiters.pop(action.id, []):
             if not fut.done():
                 fut.set_result(action)
 
@@ -209,32 +216,13 @@ class Planner:
             found = 0
             for i in range(0, len(ids), POLL_BATCH):
                 try:
-                    reply = await self._call({"op": "get_many", "ids": ids[i : i + POLL_BATCH]})
+                    ended = await self.queue.ended(ids[i : i + POLL_BATCH])
                 except (ActionError, BusConnectionError, BusClosedError):
                     break
-                for env in reply.get("done", []):
-                    self._settle(str(env["id"]), env)
+                for action in ended:
+                    self._settle(action)
                     found += 1
             interval_s = POLL_FIRST_S if found else min(interval_s * 2, POLL_MAX_S)
-
-    async def _call(self, req: dict[str, Any]) -> dict[str, Any]:
-        if req.get("op") == "dlq" and req.get("what") == "requeue":  # it runs again: forget the old outcome
-            self._results.pop(str(req.get("id")), None)
-        if self._pulsar is not None:
-            try:
-                out: dict[str, Any] = await self._pulsar.call(req)
-            except (KeyError, TypeError, ValueError) as err:
-                if isinstance(err, ActionError):
-                    raise
-                raise ActionError(f"bad {req.get('op')!r} request: missing or wrong field {err}") from err
-            return out
-        raw = await self.bus.engine.request(SERVICE, json.dumps(req).encode(), self.timeout_s)
-        if raw is None:
-            raise BusConnectionError(f"no action queue service answered within {self.timeout_s:g} s")
-        reply: dict[str, Any] = json.loads(raw)
-        if not reply.get("ok"):
-            raise ActionError(str(reply.get("error")))
-        return reply
 
     async def submit(
         self,
@@ -252,11 +240,9 @@ class Planner:
             deadline_s: Never start it after this many seconds from now.
 
         Raises:
-            ActionError: Invalid action (the queue service says why).
-            BusConnectionError: No queue service answered.
+            ActionError: Invalid action (the queue says why).
+            QueueUnavailable: No queue answered within ``connect_timeout_s``.
         """
-        import time
-
         action = Action(
             kind,
             payload,
@@ -269,36 +255,43 @@ class Planner:
 
     async def submit_many(self, actions: Sequence[Action]) -> list[ActionHandle]:
         """Submit a batch in one request (on Zenoh stored atomically: all or none; on Pulsar each
-        action is persisted before this returns)."""
-        await self._ensure_results_sub()
+        action is persisted before this returns). Submitting an action again (the same id, e.g.
+        after an outage) answers with the stored one."""
+        await self._ensure_results()
         signed = [self.signer.sign(a.validate()) if self.signer else a.validate() for a in actions]
-        if self._pulsar is None:  # serialized right away by the request
-            reply = await self._call({"op": "submit", "actions": [action_to_dict(a) for a in signed]})
-        else:  # handed on as copies (own lists and dicts): the queue changes its own
-            reply = await self._pulsar.submit([a.copy() for a in signed])
-        return [ActionHandle(self, r["id"], duplicate=r["duplicate"]) for r in reply["actions"]]
+        # copies (own lists and dicts): a backend may change its own
+        copies = [a.copy() for a in signed]
+        reply = await self._retrying("submit", lambda: self.queue.submit(copies))
+        return [ActionHandle(self, r.id, duplicate=r.duplicate) for r in reply]
 
     async def get(self, action_id: str) -> Action | None:
         """The current state of an action (results of a planner that was away included)."""
-        reply = await self._call({"op": "get", "id": action_id})
-        return action_from_dict(reply["action"]) if reply["action"] else None
+        return await self._retrying("get", lambda: self.queue.get(action_id))
 
-    async def backlog(self) -> dict[str, Any]:
-        """The queue's backlog, for dashboards and autoscalers.
+    async def cancel(self, action_id: str) -> Action | None:
+        """Cancel an action: removed if queued, signalled if running."""
+        return await self._retrying("cancel", lambda: self.queue.cancel(action_id))
 
-        Returns:
-            ``backlog``: per ``kind/p<priority>``, the actions queued, leased (running),
-            retrying (waiting for their backoff) and dead (dead letters); ``stats``: how many
-            actions the queue keeps in each status, ended ones included; ``redeliveries``:
-            attempts started on actions that had been started before (Zenoh: since the queue
-            service started; Pulsar: over the actions the state log keeps).
-        """
-        return await self._call({"op": "backlog"})
+    async def backlog(self) -> Backlog:
+        """The queue's backlog, for dashboards and autoscalers (``.as_dict()`` for JSON)."""
+        return await self._retrying("backlog", self.queue.backlog)
 
     async def dead_letters(self) -> list[Action]:
         """The dead-letter queue with every attempt's reason."""
-        reply = await self._call({"op": "dlq", "what": "list"})
-        return [action_from_dict(a) for a in reply["actions"]]
+        return await self._retrying("dead letters", self.queue.dead_letters)
+
+    async def requeue(self, action_id: str) -> Action:
+        """Give a dead-lettered action a fresh attempt budget (its history stays).
+
+        Raises:
+            ActionError: It is not in the dead-letter queue.
+        """
+        self._results.pop(action_id, None)  # it runs again: forget the old outcome
+        return await self._retrying("requeue", lambda: self.queue.requeue(action_id))
+
+    async def purge_dead(self) -> int:
+        """Delete the dead-letter queue; returns how many were removed."""
+        return await self._retrying("purge", self.queue.purge_dead)
 
     def handle(self, action_id: str) -> ActionHandle:
         """A handle on an existing action (e.g. after a planner restart)."""
@@ -355,7 +348,7 @@ class ActionHandle:
             return p._results[self.id]
         if p._gone is not None:
             raise _closed_error(self.id, p._gone)
-        await p._ensure_results_sub()
+        await p._ensure_results()
         loop = asyncio.get_running_loop()
         fut: asyncio.Future[Action] = loop.create_future()
         p._waiters.setdefault(self.id, []).append(fut)
@@ -383,40 +376,11 @@ class ActionHandle:
         stream began are not replayed). Raises :class:`BusClosedError` if the planner or its
         bus is closed first."""
         q: asyncio.Queue[Any] = asyncio.Queue()
-        loop = asyncio.get_running_loop()
         end = object()
         planner = self.planner
         if planner._gone is not None:
             raise BusClosedError(f"the planner receives no feedback: {planner._gone}")
-
-        def on_fb(_topic: str, payload: Any) -> None:  # bytes (Zenoh) or parsed JSON (Pulsar)
-            if isinstance(payload, bytes):
-                try:
-                    payload = json.loads(payload)
-                except ValueError:  # not ours to crash on: an engine thread
-                    return
-            loop.call_soon_threadsafe(q.put_nowait, payload)
-
-        def on_result(_topic: str, _payload: Any) -> None:
-            loop.call_soon_threadsafe(q.put_nowait, end)
-
-        pulsar_q = self.planner._pulsar
-        if pulsar_q is not None:
-
-            def on_reply(topic: str, payload: Any) -> None:
-                (on_result if topic.startswith("actions/result/") else on_fb)(topic, payload)
-
-            stop = await pulsar_q.listen_feedback(self.id, on_reply)
-        else:
-            subs = [
-                self.planner.bus.engine.listen(f"actions/fb/{self.id}", on_fb),
-                self.planner.bus.engine.listen(f"actions/result/{self.id}", on_result),
-            ]
-
-            def stop() -> None:
-                for s in subs:
-                    s.undeclare()
-
+        stop = await planner.queue.watch_feedback(self.id, q.put_nowait, lambda: q.put_nowait(end))
         planner._feedback_stops.add(q.put_nowait)  # an exception put here ends the stream
         try:
             while (item := await q.get()) is not end:
@@ -429,5 +393,4 @@ class ActionHandle:
 
     async def cancel(self) -> Action | None:
         """Cancel: removed if queued, signalled if running."""
-        reply = await self.planner._call({"op": "cancel", "id": self.id})
-        return action_from_dict(reply["action"]) if reply["action"] else None
+        return await self.planner.cancel(self.id)

@@ -6,7 +6,6 @@ import enum
 import json
 import re
 import uuid
-from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -22,12 +21,11 @@ __all__ = [
     "ActionError",
     "ActionStatus",
     "Attempt",
+    "Outcome",
     "action_from_dict",
     "action_to_dict",
-    "announced_kinds",
     "decode_action",
     "encode_action",
-    "executors_with",
 ]
 
 #: Largest JSON payload of an action, in bytes.
@@ -61,18 +59,31 @@ class ActionStatus(str, enum.Enum):
 _TERMINAL = frozenset({ActionStatus.SUCCEEDED, ActionStatus.DEAD, ActionStatus.CANCELED})
 
 
+class Outcome(str, enum.Enum):
+    """How an attempt ended (``OPEN`` while it runs)."""
+
+    OPEN = ""
+    OK = "ok"
+    NACK = "nack"
+    REJECTED = "rejected"
+    LOST = "lost"
+    CANCELED = "canceled"
+    EXPIRED = "expired"
+
+
 @dataclass(frozen=True, slots=True)
 class Attempt:
     """One try of an action by an executor.
 
     Attributes:
-        number: 1 for the first try.
-        executor: Executor id.
+        number: 1 for the first try; also the attempt's fencing token (it only grows).
+        executor: Executor name.
         started_ns: When it was leased (UTC ns).
         ended_ns: When it ended (0 while running).
-        outcome: ``ok``, ``nack``, ``rejected``, ``lost`` (executor died or the lease expired),
-            ``canceled``.
+        outcome: How it ended (see :class:`Outcome`; a plain string on the wire).
         reason: Error text for anything but ``ok``.
+        session: The executor process (incarnation) that holds it: an executor restarted under
+            the same name is another holder.
     """
 
     number: int
@@ -81,10 +92,17 @@ class Attempt:
     ended_ns: int = 0
     outcome: str = ""
     reason: str = ""
+    session: str = ""
 
-    def ended(self, ended_ns: int, outcome: str, reason: str = "") -> Attempt:
+    @property
+    def open(self) -> bool:
+        """Still running (not ended)."""
+        return self.ended_ns == 0 and self.outcome == ""
+
+    def ended(self, ended_ns: int, outcome: Outcome | str, reason: str = "") -> Attempt:
         """This attempt, ended (``dataclasses.replace`` without its field lookups)."""
-        return Attempt(self.number, self.executor, self.started_ns, ended_ns, outcome, reason)
+        text = outcome.value if isinstance(outcome, Outcome) else outcome
+        return Attempt(self.number, self.executor, self.started_ns, ended_ns, text, reason, self.session)
 
 
 @dataclass(slots=True)
@@ -191,7 +209,16 @@ class Action:
 
     def executors_tried(self) -> set[str]:
         """Executors that already tried and failed this action."""
-        return {a.executor for a in self.attempts if a.outcome in ("nack", "lost")}
+        return {a.executor for a in self.attempts if a.outcome in _FAILED}
+
+    @property
+    def open_attempt(self) -> Attempt | None:
+        """The attempt running now, if any."""
+        last = self.attempts[-1] if self.attempts else None
+        return last if last is not None and last.open else None
+
+
+_FAILED = (Outcome.NACK.value, Outcome.LOST.value)
 
 
 def action_to_dict(action: Action) -> dict[str, Any]:
@@ -214,6 +241,7 @@ def action_to_dict(action: Action) -> dict[str, Any]:
                 "ended_ns": t.ended_ns,
                 "outcome": t.outcome,
                 "reason": t.reason,
+                "session": t.session,
             }
             for t in a.attempts
         ],
@@ -290,18 +318,3 @@ def _malformed(err: msgspec.ValidationError) -> ActionError:
     if "missing required field `kind`" in str(err):
         return ActionError(f"action envelope must be a JSON object with a kind ({err})")
     return ActionError(f"action envelope is malformed: {err}")
-
-
-def announced_kinds(value: str) -> list[str]:
-    """The kinds in an executor's announcement (the JSON value ``{"kinds": [...]}`` executors
-    announce in their group); empty if it is malformed."""
-    try:
-        kinds: Any = json.loads(value).get("kinds", [])
-    except (ValueError, AttributeError):
-        return []
-    return [str(k) for k in kinds] if isinstance(kinds, list) else []
-
-
-def executors_with(members: Mapping[str, str], kind: str) -> list[str]:
-    """Live executors that run ``kind``, from executor-group members (name → announcement)."""
-    return [member for member, value in members.items() if kind in announced_kinds(value)]

@@ -1,9 +1,10 @@
 """A durable action queue in SQLite (WAL, fsync on commit): an acknowledged submit survives
-``kill -9``. Transport-free: the Zenoh queue service serves it over queryables.
+``kill -9``. Transport-free: the Zenoh queue service and the in-memory backend serve it.
 
-Dispatch order: highest priority first, FIFO within a priority. Deadlines are checked at lease
-time: an action past its deadline is never started, it is dead-lettered as expired. Attempts
-are counted here (leases that expire count as ``lost`` attempts), not by any broker.
+Dispatch order: highest priority first, FIFO within a priority. Every transition is decided in
+:mod:`embodied_bus.actions.lifecycle`; this module stores the result. A lease binds an attempt
+to one executor process (its name and session) and lasts until it is not renewed for its
+length, or until the executor leaves its group.
 """
 
 from __future__ import annotations
@@ -12,21 +13,16 @@ import sqlite3
 import time
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
-from embodied_bus.actions.model import (
-    Action,
-    ActionError,
-    ActionStatus,
-    Attempt,
-    decode_action,
-    encode_action,
-)
+from embodied_bus.actions import lifecycle
+from embodied_bus.actions.lifecycle import Admission
+from embodied_bus.actions.model import Action, ActionError, ActionStatus, decode_action, encode_action
 from embodied_bus.actions.policy import DEFAULT_RETRY, RetryPolicy
 
-__all__ = ["DEFAULT_KEEP_ENDED", "ActionStore"]
+__all__ = ["DEFAULT_KEEP_ENDED", "PRUNE_CHUNK", "ActionStore", "Settled"]
 
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS actions (
@@ -46,20 +42,28 @@ CREATE INDEX IF NOT EXISTS ready ON actions(status, priority DESC, seq);
 CREATE INDEX IF NOT EXISTS deadlines ON actions(deadline_ns) WHERE deadline_ns > 0;
 CREATE INDEX IF NOT EXISTS submitted ON actions(seq);
 """
-#: Ended actions (succeeded or canceled) a store keeps by default: the newest by submit order
-#: (as many as a Pulsar state-log view keeps in memory, ``VIEW_ENDED_LIMIT``). Dead letters
-#: are kept until requeued or purged. Without a bound a robot's queue file grows for good
-#: (10 actions/s fill 26 million rows a month).
+#: Ended actions (succeeded or canceled) a store keeps by default: the newest by submit order.
+#: Dead letters are kept until requeued or purged. Without a bound a robot's queue file grows
+#: for good (10 actions/s fill 26 million rows a month).
 DEFAULT_KEEP_ENDED = 100_000
 #: Most rows one pruning transaction deletes (a larger excess goes in several, so the queue
 #: is never held up for long).
 PRUNE_CHUNK = 5_000
 _PRUNABLE = (ActionStatus.SUCCEEDED.value, ActionStatus.CANCELED.value)
 _READY = (ActionStatus.QUEUED.value, ActionStatus.RETRYING.value)
+_TERMINAL = (ActionStatus.SUCCEEDED.value, ActionStatus.DEAD.value, ActionStatus.CANCELED.value)
 
 
 def _now() -> int:
     return time.time_ns()
+
+
+@dataclass(frozen=True, slots=True)
+class Settled:
+    """What a report did: the action as it is now, and the backoff of a retry (seconds)."""
+
+    action: Action
+    retry_after_s: float = 0.0
 
 
 class ActionStore:
@@ -68,6 +72,7 @@ class ActionStore:
     Args:
         path: SQLite file (``:memory:`` for tests of pure logic).
         policy: Retry policy applied on nack and lost leases.
+        keep_ended: Ended actions (succeeded or canceled) kept: the newest this many by submit order.
     """
 
     def __init__(
@@ -80,8 +85,7 @@ class ActionStore:
         self.keep_ended = keep_ended
         #: Ended actions deleted by :meth:`prune` so far (this process).
         self.pruned = 0
-        #: Attempts started on actions that had been started before (retries after a nack or a
-        #: lost lease), since this store was opened.
+        #: Attempts started on actions that had been started before, since this store was opened.
         self.redeliveries = 0
         self._db = sqlite3.connect(self.path, isolation_level=None, check_same_thread=False)
         self._db.execute("PRAGMA journal_mode=WAL")
@@ -91,7 +95,7 @@ class ActionStore:
         #: Envelopes written by the current (or last) transaction, by action id: replies and
         #: result notifications reuse them instead of encoding the same action again.
         self._saved: dict[str, bytes] = {}
-        #: Running actions as this store last wrote them, with their lease owner: an ack or a
+        #: Running actions as this store last wrote them, with their lease owner: a report or a
         #: checkpoint finds its action here instead of reading and decoding it again. Every
         #: other write of an action drops it from here; a rolled back transaction clears it.
         self._leased: dict[str, tuple[Action, str]] = {}
@@ -107,9 +111,9 @@ class ActionStore:
         """One write transaction: committed on success, rolled back on error.
 
         ``durable`` transactions (submit, cancel, requeue: what a planner was told is done) are
-        fsynced at commit. Execution bookkeeping (lease, extend, checkpoint, ack, nack, sweeps)
-        is not: in WAL mode it survives a process crash (``kill -9``) as it is and reaches the
-        disk with the next durable commit; after a power loss the last of it can be lost, so an
+        fsynced at commit. Execution bookkeeping (lease, renew, checkpoint, reports, sweeps) is
+        not: in WAL mode it survives a process crash (``kill -9``) as it is and reaches the disk
+        with the next durable commit; after a power loss the last of it can be lost, so an
         action can run again (at least once; idempotency keys make effects happen once).
         """
         self._db.execute(f"PRAGMA synchronous={'FULL' if durable else 'NORMAL'}")
@@ -125,7 +129,7 @@ class ActionStore:
 
     _UPDATE = (
         "UPDATE actions SET status=?, body=?, available_ns=COALESCE(?, available_ns), lease_owner=?, "
-        "lease_until_ns=? WHERE id=?"
+        "lease_until_ns=?, deadline_ns=? WHERE id=?"
     )
 
     def _update_params(
@@ -142,6 +146,7 @@ class ActionStore:
             available_ns,
             lease[0] if lease else None,
             lease[1] if lease else None,
+            a.deadline_ns,
             a.id,
         )
 
@@ -149,6 +154,11 @@ class ActionStore:
         self, a: Action, *, available_ns: int | None = None, lease: tuple[str, int] | None = None
     ) -> None:
         self._db.execute(self._UPDATE, self._update_params(a, available_ns, lease))
+
+    def _save_held(self, a: Action) -> None:
+        """Write a running action's body, keeping its lease."""
+        self._saved[a.id] = body = encode_action(a)
+        self._db.execute("UPDATE actions SET body=? WHERE id=?", (body.decode(), a.id))
 
     def encoded(self, a: Action) -> bytes:
         """The JSON envelope of ``a`` as the last transaction stored it (encoded now if it
@@ -166,7 +176,8 @@ class ActionStore:
 
         Returns:
             The stored action and True if it is new, or the existing action with the same
-            idempotency key and False.
+            idempotency key (or the same id: a planner that submits again after an outage) and
+            False.
 
         Raises:
             ActionError: The action is invalid.
@@ -180,45 +191,42 @@ class ActionStore:
             Per action, as :meth:`submit`.
 
         Raises:
-            ActionError: An action is invalid or its id exists; nothing of the batch is stored.
+            ActionError: An action is invalid; nothing of the batch is stored.
         """
         for action in actions:
             action.validate()
         now = now_ns if now_ns is not None else _now()
         out: list[tuple[Action, bool]] = []
         seq = self._seq
-        try:
-            with self._tx() as db:
-                for action in actions:
-                    a = replace(
-                        action, status=ActionStatus.QUEUED, attempts=[], created_ns=action.created_ns or now
-                    )
-                    if a.idempotency_key is not None:
-                        row = db.execute(
-                            "SELECT body FROM actions WHERE idem=?", (a.idempotency_key,)
-                        ).fetchone()
-                        if row:
-                            out.append((decode_action(row[0]), False))
-                            continue
-                    seq += 1
-                    db.execute(
-                        "INSERT INTO actions (id, kind, priority, deadline_ns, idem, status, available_ns, "
-                        "seq, body) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
-                        (
-                            a.id,
-                            a.kind,
-                            a.priority,
-                            a.deadline_ns,
-                            a.idempotency_key,
-                            a.status.value,
-                            now,
-                            seq,
-                            encode_action(a).decode(),
-                        ),
-                    )
-                    out.append((a, True))
-        except sqlite3.IntegrityError as err:
-            raise ActionError(f"an action id of the batch already exists: {err}") from err
+        with self._tx() as db:
+            for action in actions:
+                a = replace(
+                    action, status=ActionStatus.QUEUED, attempts=[], created_ns=action.created_ns or now
+                )
+                row = db.execute(
+                    "SELECT body FROM actions WHERE id=? OR (idem IS NOT NULL AND idem=?)",
+                    (a.id, a.idempotency_key),
+                ).fetchone()
+                if row:
+                    out.append((decode_action(row[0]), False))
+                    continue
+                seq += 1
+                db.execute(
+                    "INSERT INTO actions (id, kind, priority, deadline_ns, idem, status, available_ns, "
+                    "seq, body) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                    (
+                        a.id,
+                        a.kind,
+                        a.priority,
+                        a.deadline_ns,
+                        a.idempotency_key,
+                        a.status.value,
+                        now,
+                        seq,
+                        encode_action(a).decode(),
+                    ),
+                )
+                out.append((a, True))
         self._seq = seq
         return out
 
@@ -229,31 +237,28 @@ class ActionStore:
     def terminal_among(self, action_ids: Sequence[str]) -> list[Action]:
         """The actions among ``action_ids`` that ended (succeeded, dead or canceled)."""
         out: list[Action] = []
-        terminal = (ActionStatus.SUCCEEDED.value, ActionStatus.DEAD.value, ActionStatus.CANCELED.value)
         for i in range(0, len(action_ids), 500):
             chunk = list(action_ids[i : i + 500])
             marks = ",".join("?" * len(chunk))
             rows = self._db.execute(
                 f"SELECT body FROM actions WHERE id IN ({marks}) AND status IN (?, ?, ?)",
-                (*chunk, *terminal),
+                (*chunk, *_TERMINAL),
             ).fetchall()
             out.extend(decode_action(r[0]) for r in rows)
         return out
 
-    def cancel(self, action_id: str, now_ns: int | None = None) -> Action | None:
-        """Cancel: a queued action is removed from dispatch at once; a running one is flagged
-        (its executor sees ``cancel_requested`` on its next lease extension)."""
-        with self._tx() as db:
+    def cancel(self, action_id: str) -> Action | None:
+        """Cancel: a waiting action ends at once; a running one is flagged (its executor sees
+        it on its next renewal)."""
+        with self._tx():
             a = self._load(action_id)
             if a is None or a.status.terminal:
                 return a
-            if a.status is ActionStatus.RUNNING:
-                a.cancel_requested = True
-                self._leased.pop(a.id, None)
-                db.execute("UPDATE actions SET body=? WHERE id=?", (encode_action(a).decode(), a.id))
-            else:
-                a.status = ActionStatus.CANCELED
+            if lifecycle.cancel(a):
                 self._save(a)
+            else:
+                self._leased.pop(a.id, None)
+                self._save_held(a)
             return a
 
     # ------------------------------------------------------------------ executor side
@@ -262,18 +267,23 @@ class ActionStore:
         executor: str,
         kinds: Iterable[str],
         *,
+        session: str = "",
         labels: Mapping[str, str] | None = None,
         lease_s: float = 10.0,
         live_executors: Iterable[str] = (),
         now_ns: int | None = None,
     ) -> Action | None:
-        """Hand the most urgent ready action of these kinds to ``executor`` (or None).
-
-        Actions past their deadline are dead-lettered as expired on the way. An action this
-        executor already failed is skipped while another live executor could take it.
-        """
+        """Hand the most urgent ready action of these kinds to ``executor`` (or None); see
+        :meth:`lease_many`."""
         got = self.lease_many(
-            executor, kinds, 1, labels=labels, lease_s=lease_s, live_executors=live_executors, now_ns=now_ns
+            executor,
+            kinds,
+            1,
+            session=session,
+            labels=labels,
+            lease_s=lease_s,
+            live_executors=live_executors,
+            now_ns=now_ns,
         )
         return got[0] if got else None
 
@@ -283,13 +293,18 @@ class ActionStore:
         kinds: Iterable[str],
         max_actions: int,
         *,
+        session: str = "",
         labels: Mapping[str, str] | None = None,
         lease_s: float = 10.0,
         live_executors: Iterable[str] = (),
         now_ns: int | None = None,
     ) -> list[Action]:
-        """Up to ``max_actions`` of the most urgent ready actions, in one transaction (see
-        :meth:`lease`)."""
+        """Up to ``max_actions`` of the most urgent ready actions, in one transaction.
+
+        Actions past their deadline are dead-lettered as expired on the way. An action this
+        executor already failed is skipped while another live executor that has not could
+        take it.
+        """
         now = now_ns if now_ns is not None else _now()
         kinds = list(kinds)
         if not kinds or max_actions < 1:
@@ -308,123 +323,203 @@ class ActionStore:
             for (action_id,) in ids:  # bodies one by one: usually the first ones are taken
                 (body,) = db.execute("SELECT body FROM actions WHERE id=?", (action_id,)).fetchone()
                 a = decode_action(body)
-                if a.deadline_ns and a.deadline_ns < now:
-                    self._expire(a, now)
-                    continue
-                if any(labels.get(k) != v for k, v in a.selector.items()):
-                    continue
-                if executor not in RetryPolicy.prefer(live, a.executors_tried()):
-                    continue
-                if a.attempt_count:
-                    self.redeliveries += 1
-                a.attempts.append(Attempt(a.attempt_count + 1, executor, now))
-                a.status = ActionStatus.RUNNING
-                updates.append(self._update_params(a, lease=(executor, now + int(lease_s * 1e9))))
-                chosen.append(a)
-                if len(chosen) >= max_actions:
-                    break
+                verdict = lifecycle.admit(
+                    a,
+                    executor,
+                    kinds=kinds,
+                    labels=labels,
+                    policy=self.policy,
+                    holder_gone=lambda _attempt: True,  # waiting actions hold no open attempt
+                    others_fresh=lambda act: bool(live - act.executors_tried() - {executor}),
+                    now=now,
+                )
+                if verdict is Admission.START:
+                    if a.attempt_count:
+                        self.redeliveries += 1
+                    lifecycle.start(a, executor, session, now)
+                    updates.append(self._update_params(a, lease=(executor, now + int(lease_s * 1e9))))
+                    chosen.append(a)
+                    if len(chosen) >= max_actions:
+                        break
+                elif verdict in (Admission.EXPIRED, Admission.CANCELED, Admission.EXHAUSTED):
+                    self._save(a)
+                    self._ended_on_the_way(a)
             db.executemany(self._UPDATE, updates)  # one statement for the batch
         return chosen
 
-    def extend(
-        self, action_id: str, executor: str, lease_s: float = 10.0, now_ns: int | None = None
-    ) -> Action:
-        """Extend a lease while the handler runs; returns the action (check ``cancel_requested``).
+    def _ended_on_the_way(self, a: Action) -> None:
+        self._newly_expired.append(a)
+        del self._newly_expired[:-10_000]  # bounded when nobody takes them (standalone use)
+
+    def take_expired(self) -> list[Action]:
+        """Actions that ended without running since the last call (deadline passed, canceled),
+        to publish their results."""
+        out, self._newly_expired = self._newly_expired, []
+        return out
+
+    def _held(self, action_id: str, executor: str, attempt: int | None, session: str) -> Action:
+        """The running action ``executor`` (process ``session``) holds in ``attempt``.
 
         Raises:
-            ActionError: The executor does not hold the lease (it expired and moved on).
+            ActionError: It holds no such lease (it was taken back, or never granted).
         """
-        now = now_ns if now_ns is not None else _now()
-        with self._tx(durable=False) as db:
-            row = db.execute(
+        cached = self._leased.get(action_id)
+        if cached is not None and cached[1] == executor:
+            a = cached[0]
+        else:
+            row = self._db.execute(
                 "SELECT lease_owner, body FROM actions WHERE id=? AND status=?",
                 (action_id, ActionStatus.RUNNING.value),
             ).fetchone()
             if row is None or row[0] != executor:
                 raise ActionError(f"{executor} does not hold a lease on action {action_id}")
-            db.execute(
-                "UPDATE actions SET lease_until_ns=? WHERE id=?", (now + int(lease_s * 1e9), action_id)
-            )
-            return decode_action(row[1])
-
-    def checkpoint(self, action_id: str, executor: str, state: Any) -> None:
-        """Save resumable progress of a running action (the next attempt receives it)."""
-        with self._tx(durable=False) as db:
-            a = self._held(action_id, executor)
-            a.checkpoint = state
-            db.execute("UPDATE actions SET body=? WHERE id=?", (encode_action(a).decode(), a.id))
-
-    def _held(self, action_id: str, executor: str) -> Action:
-        cached = self._leased.get(action_id)
-        if cached is not None:
-            if cached[1] != executor:
-                raise ActionError(f"{executor} does not hold a lease on action {action_id}")
-            return cached[0]
-        row = self._db.execute(
-            "SELECT lease_owner, body FROM actions WHERE id=? AND status=?",
-            (action_id, ActionStatus.RUNNING.value),
-        ).fetchone()
-        if row is None or row[0] != executor:
+            a = decode_action(row[1])
+        last = a.attempts[-1] if a.attempts else None
+        if (
+            last is None
+            or (attempt is not None and last.number != attempt)
+            or (session and last.session != session)
+        ):
             raise ActionError(f"{executor} does not hold a lease on action {action_id}")
-        return decode_action(row[1])
+        return a
 
-    def _expire(self, a: Action, now: int) -> None:
-        """Dead-letter a waiting action whose deadline passed (it is never started)."""
-        a.attempts.append(
-            Attempt(a.attempt_count + 1, "", now, now, "expired", "deadline passed before the action started")
-        )
-        a.status = ActionStatus.DEAD
-        self._save(a)
-        self._newly_expired.append(a)
-        del self._newly_expired[:-10_000]  # bounded when nobody takes them (standalone use)
+    def renew(
+        self,
+        executor: str,
+        leases: Sequence[tuple[str, int]],
+        *,
+        session: str = "",
+        lease_s: float = 10.0,
+        now_ns: int | None = None,
+    ) -> tuple[list[str], list[str]]:
+        """Extend ``executor``'s leases ``(action id, attempt)``.
 
-    def take_expired(self) -> list[Action]:
-        """Actions dead-lettered as expired since the last call (to publish their results)."""
-        out, self._newly_expired = self._newly_expired, []
+        Returns:
+            The ids whose cancel was asked for, and the ids it no longer holds.
+        """
+        now = now_ns if now_ns is not None else _now()
+        canceled: list[str] = []
+        lost: list[str] = []
+        with self._tx(durable=False) as db:
+            for action_id, attempt in leases:
+                try:
+                    a = self._held(action_id, executor, attempt, session)
+                except ActionError:
+                    lost.append(action_id)
+                    continue
+                db.execute(
+                    "UPDATE actions SET lease_until_ns=? WHERE id=?", (now + int(lease_s * 1e9), action_id)
+                )
+                if a.cancel_requested:
+                    canceled.append(action_id)
+        return canceled, lost
+
+    def extend(
+        self, action_id: str, executor: str, lease_s: float = 10.0, now_ns: int | None = None
+    ) -> Action:
+        """Extend one lease; returns the action (check ``cancel_requested``).
+
+        Raises:
+            ActionError: The executor does not hold the lease (it expired and moved on).
+        """
+        a = self._held(action_id, executor, None, "")
+        self.renew(executor, [(action_id, a.attempts[-1].number)], lease_s=lease_s, now_ns=now_ns)
+        return a
+
+    def checkpoint(
+        self, action_id: str, executor: str, state: Any, *, attempt: int | None = None, session: str = ""
+    ) -> None:
+        """Save resumable progress of a running action (the next attempt receives it).
+
+        Raises:
+            ActionError: The executor does not hold the lease.
+        """
+        with self._tx(durable=False):
+            a = self._held(action_id, executor, attempt, session)
+            a.checkpoint = state
+            self._save_held(a)
+
+    def settle(
+        self,
+        executor: str,
+        action_id: str,
+        *,
+        ok: bool,
+        result: Any = None,
+        reason: str = "",
+        permanent: bool = False,
+        attempt: int | None = None,
+        session: str = "",
+        now_ns: int | None = None,
+    ) -> Settled:
+        """Record how ``executor``'s attempt ended (see :meth:`settle_many`).
+
+        Raises:
+            ActionError: The executor does not hold the lease (its late report is noted in the
+                history where its attempt was closed as lost).
+        """
+        out = self.settle_many(
+            executor,
+            [(action_id, attempt, ok, result, reason, permanent)],
+            session=session,
+            now_ns=now_ns,
+        )[0]
+        if isinstance(out, ActionError):
+            raise out
         return out
 
-    def _end_attempt(self, a: Action, outcome: str, reason: str, now: int) -> None:
-        last = a.attempts[-1]
-        a.attempts[-1] = replace(last, ended_ns=now, outcome=outcome, reason=reason)
+    def settle_many(
+        self,
+        executor: str,
+        reports: Sequence[tuple[str, int | None, bool, Any, str, bool]],
+        *,
+        session: str = "",
+        now_ns: int | None = None,
+    ) -> list[Settled | ActionError]:
+        """Several outcomes ``(id, attempt, ok, result, reason, permanent)`` of one executor in
+        one transaction, each answered on its own: how it left the action, or an
+        :class:`ActionError` for one whose lease is gone."""
+        now = now_ns if now_ns is not None else _now()
+        out: list[Settled | ActionError] = []
+        batch: list[tuple[Any, ...]] = []
+        seen: set[str] = set()
+        with self._tx(durable=False) as db:
+            for action_id, attempt, ok, result, reason, permanent in reports:
+                try:
+                    if action_id in seen:  # a second report of one attempt in the batch
+                        raise ActionError(f"{executor} does not hold a lease on action {action_id}")
+                    a = self._held(action_id, executor, attempt, session)
+                except ActionError as err:
+                    self._note_late(action_id, attempt, ok, reason)
+                    out.append(err)
+                    continue
+                seen.add(action_id)
+                retry_after_s = 0.0
+                available = None
+                if ok:
+                    lifecycle.succeed(a, result, now)
+                else:
+                    decision = lifecycle.fail(a, reason, self.policy, now, permanent=permanent)
+                    retry_after_s = decision.retry_after_s
+                    if decision.status is ActionStatus.RETRYING:
+                        available = now + int(retry_after_s * 1e9)
+                batch.append(self._update_params(a, available))
+                out.append(Settled(a, retry_after_s))
+            db.executemany(self._UPDATE, batch)  # one statement for the batch
+        return out
+
+    def _note_late(self, action_id: str, attempt: int | None, ok: bool, reason: str) -> None:
+        """A report from an attempt that was closed as lost: the history notes what it did."""
+        if attempt is None:
+            return
+        a = self._load(action_id)
+        if a is not None and lifecycle.late_report(a, attempt, ok=ok, reason=reason):
+            self._leased.pop(a.id, None)
+            self._save_held(a)
 
     def ack(self, action_id: str, executor: str, result: Any = None, now_ns: int | None = None) -> Action:
         """The handler returned: the action succeeded with ``result``."""
-        now = now_ns if now_ns is not None else _now()
-        with self._tx(durable=False):
-            return self._ack(self._held(action_id, executor), result, now)
-
-    def _ack(self, a: Action, result: Any, now: int, batch: list[tuple[Any, ...]] | None = None) -> Action:
-        self._end_attempt(a, "ok", "", now)
-        a.status = ActionStatus.CANCELED if a.cancel_requested and result is None else ActionStatus.SUCCEEDED
-        a.result = result
-        if batch is None:
-            self._save(a)
-        else:
-            batch.append(self._update_params(a))
-        return a
-
-    def ack_many(
-        self, acks: Sequence[tuple[str, str, Any]], now_ns: int | None = None
-    ) -> list[Action | ActionError]:
-        """Several ``(action id, executor, result)`` acks in one transaction; each is answered
-        on its own (an :class:`ActionError` for one whose lease is gone)."""
-        now = now_ns if now_ns is not None else _now()
-        out: list[Action | ActionError] = []
-        batch: list[tuple[Any, ...]] = []
-        acked: set[str] = set()
-        with self._tx(durable=False) as db:
-            for action_id, executor, result in acks:
-                try:
-                    if action_id in acked:  # a second ack of one action in the batch
-                        raise ActionError(f"{executor} does not hold a lease on action {action_id}")
-                    held = self._held(action_id, executor)
-                except ActionError as err:
-                    out.append(err)
-                    continue
-                acked.add(action_id)
-                out.append(self._ack(held, result, now, batch))
-            db.executemany(self._UPDATE, batch)  # one statement for the batch
-        return out
+        return self.settle(executor, action_id, ok=True, result=result, now_ns=now_ns).action
 
     def nack(
         self,
@@ -436,27 +531,22 @@ class ActionStore:
         now_ns: int | None = None,
     ) -> Action:
         """The handler failed: retry after a backoff, or dead-letter (permanent or exhausted)."""
-        now = now_ns if now_ns is not None else _now()
-        with self._tx(durable=False):
-            a = self._held(action_id, executor)
-            self._fail(a, "rejected" if permanent else "nack", reason, now, permanent)
-            return a
+        return self.settle(
+            executor, action_id, ok=False, reason=reason, permanent=permanent, now_ns=now_ns
+        ).action
 
-    def _fail(self, a: Action, outcome: str, reason: str, now: int, permanent: bool) -> None:
-        self._end_attempt(a, outcome, reason, now)
-        if a.cancel_requested:
-            a.status = ActionStatus.CANCELED
-            self._save(a)
-        elif permanent or self.policy.exhausted(a.attempt_count - a.budget_from):
-            a.status = ActionStatus.DEAD
-            self._save(a)
-        else:
-            a.status = ActionStatus.RETRYING
-            self._save(a, available_ns=now + int(self.policy.backoff_s(a.attempt_count) * 1e9))
-
-    def release_lost(self, *, executor: str | None = None, now_ns: int | None = None) -> list[Action]:
-        """Take back the actions whose lease expired, or all leases of a dead ``executor``;
-        each counts as a ``lost`` attempt (retried elsewhere, or dead-lettered when exhausted)."""
+    def release_lost(
+        self,
+        *,
+        executor: str | None = None,
+        session: str | None = None,
+        keep_session: str | None = None,
+        now_ns: int | None = None,
+    ) -> list[Action]:
+        """Take back the leases that were not renewed in time, or the leases of a gone
+        ``executor``: of its process ``session`` only (if given and not empty), or of every
+        process of that name but ``keep_session``. Each counts as a ``lost`` attempt (retried,
+        or dead-lettered when exhausted)."""
         now = now_ns if now_ns is not None else _now()
         with self._tx(durable=False) as db:
             if executor is None:
@@ -473,12 +563,24 @@ class ActionStore:
             for (aid,) in rows:
                 a = self._load(aid)
                 assert a is not None
-                who = a.attempts[-1].executor if a.attempts else "?"
-                self._fail(
-                    a, "lost", f"executor {who} stopped answering (lease expired or process died)", now, False
-                )
+                held = a.open_attempt
+                holder = held.session if held is not None else ""
+                if (session and holder != session) or (keep_session is not None and holder == keep_session):
+                    continue  # another process of that name holds it
+                decision = lifecycle.lose(a, self.policy, now)
+                available = now + int(decision.retry_after_s * 1e9) if decision.retry_after_s else None
+                self._save(a, available_ns=available)
                 out.append(a)
             return out
+
+    def hold_leases(self, until_ns: int) -> int:
+        """Let every lease last at least until ``until_ns`` (a queue service that restarts gives
+        executors this long to renew what they ran through its absence). Returns how many."""
+        with self._tx(durable=False) as db:
+            return db.execute(
+                "UPDATE actions SET lease_until_ns=? WHERE status=? AND lease_until_ns < ?",
+                (until_ns, ActionStatus.RUNNING.value, until_ns),
+            ).rowcount
 
     # ------------------------------------------------------------------ dead letters and metrics
     def expire_deadlines(self, now_ns: int | None = None) -> list[Action]:
@@ -492,7 +594,9 @@ class ActionStore:
             out = []
             for (body,) in rows:
                 a = decode_action(body)
-                self._expire(a, now)
+                lifecycle.expire(a, now)
+                self._save(a)
+                self._ended_on_the_way(a)
                 out.append(a)
             return out
 
@@ -506,15 +610,12 @@ class ActionStore:
     def requeue(self, action_id: str, now_ns: int | None = None) -> Action:
         """Give a dead-lettered action a fresh set of attempts (its history is kept)."""
         now = now_ns if now_ns is not None else _now()
-        with self._tx() as db:
+        with self._tx():
             a = self._load(action_id)
             if a is None or a.status is not ActionStatus.DEAD:
                 raise ActionError(f"action {action_id} is not in the dead-letter queue")
-            a.status = ActionStatus.QUEUED
-            a.deadline_ns = 0 if a.deadline_ns and a.deadline_ns < now else a.deadline_ns
-            a.budget_from = a.attempt_count  # a fresh attempt budget; the history stays
+            lifecycle.requeue(a, now)
             self._save(a, available_ns=now)
-            db.execute("UPDATE actions SET deadline_ns=? WHERE id=?", (a.deadline_ns, a.id))
             return a
 
     def purge_dead(self) -> int:
@@ -550,7 +651,7 @@ class ActionStore:
         return deleted
 
     def backlog(self) -> dict[str, dict[str, int]]:
-        """Counts per ``kind/priority`` and state (queued, leased, retrying, dead), for autoscalers."""
+        """Counts per ``kind/p<priority>`` and state (queued, leased, retrying, dead)."""
         out: dict[str, dict[str, int]] = {}
         for kind, prio, status, n in self._db.execute(
             # not the ended ones: the index on status keeps this cheap beside a long history
@@ -559,11 +660,14 @@ class ActionStore:
             (*_READY, ActionStatus.RUNNING.value, ActionStatus.DEAD.value),
         ):
             key = f"{kind}/p{prio}"
-            name = {"running": "leased"}.get(status, status)
-            out.setdefault(key, {"queued": 0, "leased": 0, "retrying": 0, "dead": 0})
-            out[key][name] = out[key].get(name, 0) + int(n)
+            name = "leased" if status == ActionStatus.RUNNING.value else status
+            row = out.setdefault(key, {"queued": 0, "leased": 0, "retrying": 0, "dead": 0})
+            row[name] += int(n)
         return out
 
-    def stats(self) -> dict[str, Any]:
+    def stats(self) -> dict[str, int]:
         """Totals per state."""
-        return dict(self._db.execute("SELECT status, COUNT(*) FROM actions GROUP BY status").fetchall())
+        return {
+            str(k): int(v)
+            for k, v in self._db.execute("SELECT status, COUNT(*) FROM actions GROUP BY status")
+        }

@@ -6,15 +6,15 @@ import argparse
 import asyncio
 import importlib
 import json
+import math
 import sys
 import time
 from typing import Any
 
 from embodied_bus.actions import DEFAULT_RETRY, ActionError, Executor, Planner, QueueService, RetryPolicy
-from embodied_bus.actions.model import executors_with
-from embodied_bus.actions.service import EXECUTOR_GROUP
+from embodied_bus.actions.queue import EXECUTOR_GROUP, Backlog, executors_with
 from embodied_bus.actions.store import DEFAULT_KEEP_ENDED
-from embodied_bus.bus import open_bus
+from embodied_bus.bus import Bus, open_bus
 from embodied_bus.cli.common import add_bus_args, add_metrics_arg, fmt_table, install_stop_signals
 from embodied_bus.errors import BusConfigError
 from embodied_bus.security import Signer, Verifier, load_allow_list, load_private_key
@@ -72,6 +72,7 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-a
         help="run only actions signed by a key this allow-list permits for their kind (see 'keys')",
     )
     p.add_argument("--nonce-db", default=None, help="SQLite file of seen nonces (default: in memory)")
+    _add_connect_timeout(p, "the broker or the queue service", None)
     add_metrics_arg(p)  # completed / failed / running actions of this executor
     p.set_defaults(func=run_executor)
 
@@ -86,6 +87,7 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-a
     p.add_argument("--timeout", type=float, default=60.0)
     p.add_argument("--sign", metavar="KEY.pem", default=None, help="sign the action with this private key")
     p.add_argument("--ttl", type=float, default=60.0, help="signature lifetime in seconds (retries included)")
+    _add_connect_timeout(p, "the broker or the queue service", 30.0)
     p.set_defaults(func=run_send)
 
     p = sub.add_parser("dlq", help="dead-letter queue: list | show ID | requeue ID | purge")
@@ -104,6 +106,21 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-a
     p.add_argument("--json", action="store_true", help="print one JSON document per refresh")
     add_metrics_arg(p)  # also serves the backlog as JSON on /backlog (KEDA's metrics-api scaler)
     p.set_defaults(func=run_actions)
+
+
+def _add_connect_timeout(p: argparse.ArgumentParser, what: str, default: float | None) -> None:
+    shown = "wait until it answers" if default is None else f"default {default:g} s"
+    p.add_argument(
+        "--connect-timeout",
+        type=float,
+        default=default,
+        metavar="S",
+        help=f"how long to wait for {what} while it is away, at start or later ({shown})",
+    )
+
+
+def _wait_s(args: argparse.Namespace) -> float:
+    return math.inf if args.connect_timeout is None else float(args.connect_timeout)
 
 
 def load_handlers(spec: str) -> dict[str, Any]:
@@ -187,7 +204,7 @@ async def run_executor(args: argparse.Namespace) -> int:
     labels = dict(item.split("=", 1) for item in args.label if "=" in item)
     stop = asyncio.Event()
     install_stop_signals(stop)
-    async with open_bus(args.bus, namespace=args.ns) as bus:
+    async with open_bus(args.bus, namespace=args.ns, wait_s=_wait_s(args)) as bus:
         verifier = (
             Verifier(load_allow_list(args.allow), audience=bus.namespace, nonce_db=args.nonce_db)
             if args.allow
@@ -200,6 +217,7 @@ async def run_executor(args: argparse.Namespace) -> int:
             prefetch=args.prefetch,
             labels=labels,
             verifier=verifier,
+            connect_timeout_s=args.connect_timeout,
         )
         for kind, fn in handlers.items():
             ex.handler(kind)(fn)
@@ -225,15 +243,15 @@ async def run_send(args: argparse.Namespace) -> int:
         payload = json.loads(args.payload)
     except json.JSONDecodeError as err:
         raise ActionError(f"--payload is not valid JSON: {err}") from err
-    async with open_bus(args.bus, namespace=args.ns) as bus:
+    async with open_bus(args.bus, namespace=args.ns, wait_s=_wait_s(args)) as bus:
         signer = (
             Signer(load_private_key(args.sign), ttl_s=args.ttl, audience=bus.namespace) if args.sign else None
         )
-        async with Planner(bus, signer=signer) as planner:
-            return await _send(args, planner, payload)
+        async with Planner(bus, signer=signer, connect_timeout_s=_wait_s(args)) as planner:
+            return await _send(args, bus, planner, payload)
 
 
-async def _send(args: argparse.Namespace, planner: Planner, payload: Any) -> int:
+async def _send(args: argparse.Namespace, bus: Bus, planner: Planner, payload: Any) -> int:
     """Submit one action; with --wait print its outcome."""
     h = await planner.submit(
         args.kind, payload, priority=args.priority, deadline_s=args.deadline, idempotency_key=args.key
@@ -241,7 +259,7 @@ async def _send(args: argparse.Namespace, planner: Planner, payload: Any) -> int
     if not args.wait:
         print(json.dumps({"id": h.id, "duplicate": h.duplicate}))
         return 0
-    watcher = asyncio.create_task(_warn_without_executor(planner, args.kind))
+    watcher = asyncio.create_task(_warn_without_executor(bus, args.kind))
     try:
         done = await h.result(timeout_s=args.timeout)
     finally:
@@ -266,7 +284,7 @@ async def _send(args: argparse.Namespace, planner: Planner, payload: Any) -> int
 EXECUTOR_GRACE_S = 2.0
 
 
-async def _warn_without_executor(planner: Planner, kind: str) -> None:
+async def _warn_without_executor(bus: Bus, kind: str) -> None:
     """Tell the user (stderr) when no live executor has announced ``kind``: the action then
     waits in the queue until one does, which otherwise looks like a hang."""
     live: dict[str, str] = {}
@@ -277,7 +295,7 @@ async def _warn_without_executor(planner: Planner, kind: str) -> None:
         else:
             live.pop(member, None)
 
-    group = await planner.bus.engine.watch_group(EXECUTOR_GROUP, changed)
+    group = await bus.engine.watch_group(EXECUTOR_GROUP, changed)
     try:
         await asyncio.sleep(EXECUTOR_GRACE_S)
         if not executors_with(live, kind):
@@ -315,13 +333,15 @@ async def run_dlq(args: argparse.Namespace) -> int:
             if a is None:
                 print(f"no action {args.id}", file=sys.stderr)
                 return 1
+            print(f"action {a.id}: kind={a.kind} status={a.status.value} priority={a.priority}")
             for t in a.attempts:
                 print(
                     f"attempt {t.number}: executor={t.executor or '-'} outcome={t.outcome} reason={t.reason}"
                 )
+        elif args.what == "requeue":
+            print(json.dumps({"id": (await planner.requeue(args.id)).id}))
         else:
-            reply = await planner._call({"op": "dlq", "what": args.what, "id": args.id})
-            print(json.dumps({k: v for k, v in reply.items() if k != "ok"}))
+            print(json.dumps({"purged": await planner.purge_dead()}))
     return 0
 
 
@@ -341,12 +361,13 @@ class ActionsView:
     def __init__(self) -> None:
         self._last: tuple[float, int, int] | None = None  # (time s, ended, redeliveries)
 
-    def update(self, reply: dict[str, Any], now_s: float) -> dict[str, Any]:
-        """The view of one backlog reply received at ``now_s`` (monotonic seconds)."""
-        backlog: dict[str, dict[str, int]] = reply.get("backlog") or {}
-        totals: dict[str, int] = reply.get("stats") or {}
-        redeliveries = int(reply.get("redeliveries") or 0)
-        ended = sum(int(totals.get(k, 0)) for k in _ENDED) + int(reply.get("pruned") or 0)
+    def update(self, reply: Backlog, now_s: float) -> dict[str, Any]:
+        """The view of one backlog received at ``now_s`` (monotonic seconds)."""
+        as_dict = reply.as_dict()
+        backlog: dict[str, dict[str, int]] = as_dict["backlog"]
+        totals: dict[str, int] = as_dict["stats"]
+        redeliveries = reply.redeliveries
+        ended = sum(int(totals.get(k, 0)) for k in _ENDED) + reply.pruned
         kinds: dict[str, dict[str, int]] = {}
         for key, row in backlog.items():
             kind = key.rpartition("/p")[0] or key

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import json
 import logging
 import os
 import signal
@@ -15,28 +14,26 @@ from embodied_bus.engines.urls import DEFAULT_URL
 from embodied_bus.errors import EmbodiedBusError
 
 if TYPE_CHECKING:
+    from embodied_bus.actions.queue import Backlog
     from embodied_bus.bus import Bus
 
 __all__ = ["add_bus_args", "add_metrics_arg", "fmt_table", "install_stop_signals", "queue_backlog"]
 
 
-async def queue_backlog(bus: Bus, timeout_s: float) -> dict[str, Any] | None:
-    """The Zenoh action queue service's answer to ``backlog`` (``backlog``, ``stats``,
-    ``redeliveries``, ...), or None where none answers within ``timeout_s`` seconds (or on
-    Pulsar, whose queue is its topics: ask a :class:`~embodied_bus.actions.Planner` there)."""
-    from embodied_bus.actions.service import SERVICE
+async def queue_backlog(bus: Bus, timeout_s: float) -> Backlog | None:
+    """The Zenoh action queue service's backlog, or None where none answers within
+    ``timeout_s`` seconds (or on Pulsar, whose queue is its topics: ask a
+    :class:`~embodied_bus.actions.Planner` there)."""
+    from embodied_bus.actions.queue import QueueOptions
+    from embodied_bus.actions.remote import ServiceQueue, ZenohTransport
 
     if bus.engine_name != "zenoh":
         return None
     try:
-        raw = await bus.engine.request(SERVICE, b'{"op":"backlog"}', timeout_s)
-        reply = json.loads(raw) if raw is not None else None
-    except (EmbodiedBusError, ValueError) as err:
+        return await ServiceQueue(ZenohTransport(bus), QueueOptions(request_timeout_s=timeout_s)).backlog()
+    except EmbodiedBusError as err:
         logging.getLogger("embodied_bus.cli").debug("no action backlog: %s", err)
         return None
-    if not isinstance(reply, dict) or not reply.get("ok") or not isinstance(reply.get("backlog"), dict):
-        return None
-    return reply
 
 
 def add_bus_args(parser: argparse.ArgumentParser) -> None:

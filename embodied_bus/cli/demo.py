@@ -239,8 +239,10 @@ class ActionDemo:
         tasks: list[Any],
         planner: Planner,
         stop: asyncio.Event,
+        service_stop: asyncio.Event,
     ) -> None:
         self.service_task = service_task
+        self.service_stop = service_stop
         self.executors = executors
         self.tasks = tasks
         self.planner = planner
@@ -253,7 +255,8 @@ class ActionDemo:
             Path(str(db) + suffix).unlink(missing_ok=True)
         stop, ready = asyncio.Event(), asyncio.Event()
         policy = RetryPolicy(max_attempts=3, initial_backoff_s=0.05, max_backoff_s=0.5)
-        service_task = asyncio.create_task(QueueService(cloud, db, policy).run(stop, ready))
+        service_stop = asyncio.Event()  # the queue stops after its executors
+        service_task = asyncio.create_task(QueueService(cloud, db, policy).run(service_stop, ready))
         await ready.wait()
         executors = []
         for name in ("exec-a", "exec-b", "exec-flaky"):
@@ -280,7 +283,7 @@ class ActionDemo:
                 break
             except Exception:
                 await asyncio.sleep(0.05)
-        return cls(service_task, executors, tasks, planner, stop)
+        return cls(service_task, executors, tasks, planner, stop, service_stop)
 
     async def plan(self, buckets: asyncio.Queue[int], until: asyncio.Task[Any]) -> None:
         """Send one poison action, then a navigate_to per batch of fused frames."""
@@ -301,7 +304,9 @@ class ActionDemo:
         """Wait for every action to end, stop the fleet, and summarize."""
         ended = [await h.result(timeout_s=30) for h in self.handles]
         self.stop.set()
-        await asyncio.gather(*self.tasks, self.service_task)
+        await asyncio.gather(*self.tasks)
+        self.service_stop.set()
+        await self.service_task
         ok = [a for a in ended if a.status is ActionStatus.SUCCEEDED]
         by: dict[str, int] = {}
         for a in ok:

@@ -20,10 +20,8 @@ import sys
 import time
 from collections.abc import Mapping
 from dataclasses import asdict, dataclass
-from typing import Any
 
-from embodied_bus.actions.model import announced_kinds, executors_with
-from embodied_bus.actions.service import EXECUTOR_GROUP
+from embodied_bus.actions.queue import EXECUTOR_GROUP, Backlog, executors_with, parse_announcement
 from embodied_bus.bus import Bus, open_bus
 from embodied_bus.cli.actions import ActionsView
 from embodied_bus.cli.common import add_bus_args, fmt_table, queue_backlog
@@ -198,15 +196,13 @@ def check_round_trip(engine: str, latencies_ms: list[float], expected: int, *, p
     return Check("round trip", "ok", detail)
 
 
-def check_actions(
-    engine: str, executors: Mapping[str, str], backlog: Mapping[str, Any] | None
-) -> list[Check]:
+def check_actions(engine: str, executors: Mapping[str, str], backlog: Backlog | None) -> list[Check]:
     """The action queue and its executors.
 
     Args:
         engine: ``zenoh`` or ``pulsar``.
         executors: Live members of the executor group (name -> announced JSON with ``kinds``).
-        backlog: The Zenoh queue service's answer to ``backlog`` (None: none answered); unused
+        backlog: The Zenoh queue service's backlog (None: none answered); unused
             on Pulsar, whose queue is its topics.
     """
     out: list[Check] = []
@@ -222,7 +218,7 @@ def check_actions(
             )
         )
     else:
-        v = ActionsView().update(dict(backlog), 0.0)
+        v = ActionsView().update(backlog, 0.0)
         out.append(
             Check(
                 "action queue",
@@ -235,15 +231,14 @@ def check_actions(
         out.append(Check("action executors", "skip", "none live on this bus"))
     else:
         listed = ", ".join(
-            f"{name} ({', '.join(announced_kinds(value)) or 'no kinds'})"
-            for name, value in sorted(executors.items())
+            f"{name} ({', '.join(_kinds(value)) or 'no kinds'})" for name, value in sorted(executors.items())
         )
         out.append(Check("action executors", "ok", f"{len(executors)} live: {listed}"))
     waiting = sorted(
         {
             key.rpartition("/p")[0]
-            for key, row in ((backlog or {}).get("backlog") or {}).items()
-            if int(row.get("queued", 0)) + int(row.get("retrying", 0)) > 0
+            for key, row in (backlog.rows if backlog is not None else {}).items()
+            if row.queued + row.retrying > 0
         }
     )
     orphans = [k for k in waiting if not executors_with(executors, k)]
@@ -260,7 +255,12 @@ def check_actions(
     return out
 
 
-async def _actions(bus: Bus, timeout_s: float) -> tuple[dict[str, str], dict[str, Any] | None]:
+def _kinds(value: str) -> list[str]:
+    ann = parse_announcement(value)
+    return ann.kinds if ann is not None else []
+
+
+async def _actions(bus: Bus, timeout_s: float) -> tuple[dict[str, str], Backlog | None]:
     """The executor group's live members and (Zenoh) the queue service's backlog."""
     group = await bus.engine.watch_group(EXECUTOR_GROUP, lambda *_: None)
     try:

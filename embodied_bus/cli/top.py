@@ -127,7 +127,8 @@ class PulsarBacklog:
             except (EmbodiedBusError, TimeoutError) as err:  # shown; the next read may succeed
                 self.error = str(err) or type(err).__name__
             else:
-                self.latest = {"backlog": reply["backlog"], "totals": reply.get("stats")}
+                as_dict = reply.as_dict()
+                self.latest = {"backlog": as_dict["backlog"], "totals": as_dict["stats"]}
                 self.error = None
             await asyncio.sleep(PULSAR_BACKLOG_EVERY_S)
 
@@ -143,7 +144,10 @@ async def _action_backlog(bus: Bus, pulsar: PulsarBacklog | None) -> dict[str, A
     if pulsar is not None:
         return pulsar.latest
     reply = await queue_backlog(bus, ACTIONS_TIMEOUT_S)
-    return None if reply is None else {"backlog": reply["backlog"], "totals": reply.get("stats")}
+    if reply is None:
+        return None
+    as_dict = reply.as_dict()
+    return {"backlog": as_dict["backlog"], "totals": as_dict["stats"]}
 
 
 def _actions_text(bus: Bus, actions: dict[str, Any] | None, pulsar: PulsarBacklog | None = None) -> str:

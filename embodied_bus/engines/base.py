@@ -238,6 +238,16 @@ class GroupMembership(abc.ABC):
     async def leave(self) -> None:
         """Withdraw this member (others see it leave) and stop watching."""
 
+    def healthy(self) -> bool:
+        """Whether this view is up to date now (on engines whose membership is a heartbeat,
+        this member's own heartbeats come back)."""
+        return True
+
+    def settled(self) -> bool:
+        """Whether this view has been up to date for longer than a member's silence takes to
+        count as leaving: a member missing from it now is surely gone (not merely unheard)."""
+        return True
+
 
 #: Called from engine threads with (member id, value, joined) on each membership change.
 MembershipCallback = Callable[[str, str, bool], None]

@@ -36,6 +36,12 @@ from embodied_bus.engines.base import (
     MessageSink,
     hand_over_batch,
 )
+from embodied_bus.engines.pulsar_native import (
+    MessageBuilder,
+    native_consumer,
+    native_producer,
+    subscribe_pattern,
+)
 from embodied_bus.engines.urls import PulsarSettings
 from embodied_bus.errors import (
     BusClosedError,
@@ -120,43 +126,6 @@ def _pattern(settings: PulsarSettings) -> re.Pattern[str]:
     return re.compile(re.escape(prefix) + r"(?!actions\.(?:q[0-9]\.|state$|dlq$))[A-Za-z0-9_\-.]+")
 
 
-#: A subscription to every stream looks for new stream topics this often, seconds.
-PATTERN_DISCOVERY_S = 1
-
-
-def _subscribe_pattern(client: pulsar.Client, pattern: re.Pattern[str], name: str, **kwargs: Any) -> Any:
-    """``client.subscribe(pattern, name, **kwargs)`` with the topic discovery period set to
-    :data:`PATTERN_DISCOVERY_S`: pulsar-client-python checks its ``pattern_auto_discovery_period``
-    argument and never passes it on (apache/pulsar-client-python#171), so a subscription to
-    every stream found a stream that started after it only within the client's default 60 s.
-    Falls back to the public call (and its 60 s) if the client's native API differs."""
-    native = getattr(pulsar, "_pulsar", None)
-    try:
-        conf = native.ConsumerConfiguration()  # type: ignore[union-attr]
-        conf.consumer_type(kwargs.get("consumer_type", pulsar.ConsumerType.Exclusive))
-        conf.receiver_queue_size(kwargs.get("receiver_queue_size", 1000))
-        conf.subscription_initial_position(kwargs.get("initial_position", pulsar.InitialPosition.Latest))
-        conf.max_pending_chunked_message(kwargs.get("max_pending_chunked_message", 10))
-        conf.auto_ack_oldest_chunked_message_on_queue_full(
-            kwargs.get("auto_ack_oldest_chunked_message_on_queue_full", False)
-        )
-        if "key_shared_policy" in kwargs:
-            conf.key_shared_policy(kwargs["key_shared_policy"].policy())
-        schema = pulsar.schema.BytesSchema()
-        conf.schema(schema.schema_info())
-        conf.pattern_auto_discovery_period(PATTERN_DISCOVERY_S)
-        consumer = pulsar.Consumer()
-        consumer._consumer = client._client.subscribe_pattern(pattern.pattern, name, conf)
-    except (AttributeError, TypeError) as err:
-        _logger.debug("native pattern subscription unavailable (%s): the public call", err)
-        return client.subscribe(pattern, name, **kwargs)
-    consumer._client = client
-    consumer._schema = schema
-    schema.attach_client(client._client)
-    client._consumers.append(consumer)
-    return consumer
-
-
 #: A BLOCK publisher's ``publish`` starts to await once this many samples await the broker's
 #: confirmation (the client's own send queue holds 1,000: the event loop never blocks in a full
 #: one) ...
@@ -186,19 +155,6 @@ SEEK_RETRY_S = 0.05
 #: Property that marks a batch message: ``"<layout>|<length of the batch head>"``; the message
 #: data is the head (the Zenoh batch attachment, see ``wire.encode_batch``) then the payloads.
 BATCH_PROPERTY = "eb.b"
-#: The client's native message builder. Stream publishers build messages with it and hand them
-#: to the native producer, and stream subscribers receive and acknowledge native messages,
-#: skipping the per-call argument checks and wrapper objects of the ``pulsar`` package (our
-#: arguments have known types): +7 % at 1 KiB, measured. None if a client version lacks it; the
-#: public API is used then.
-_MessageBuilder: Any = getattr(getattr(pulsar, "_pulsar", None), "MessageBuilder", None)
-
-
-def _native(handle: Any, attr: str) -> Any:
-    """``handle``'s native producer or consumer (``_producer`` / ``_consumer``), if the fast
-    path is available; else ``handle`` itself."""
-    inner = getattr(handle, attr, None) if _MessageBuilder is not None else None
-    return handle if inner is None else inner
 
 
 class _PulsarPublisher(EnginePublisher):
@@ -218,7 +174,7 @@ class _PulsarPublisher(EnginePublisher):
 
     def __init__(self, producer: Any, stream: str, options: PublisherOptions) -> None:
         self._producer = producer
-        native = _native(producer, "_producer")
+        native = native_producer(producer)
         self._native_send: Any = native.send_async if native is not producer else None
         self._stream = stream
         self._chunking = options.chunking
@@ -367,7 +323,7 @@ class _PulsarPublisher(EnginePublisher):
         try:
             native_send = self._native_send
             if native_send is not None:
-                mb = _MessageBuilder().content(data).property(*prop)
+                mb = MessageBuilder().content(data).property(*prop)
                 mb.partition_key(str(header.bucket))
                 if start_ms > 0:
                     mb.event_timestamp(start_ms)
@@ -486,7 +442,7 @@ class _PulsarSubscriber(EngineSubscriber):
 
     def _send_acks(self) -> None:
         acks = self._acks
-        consumer = _native(self._consumer, "_consumer")
+        consumer = native_consumer(self._consumer)
         while acks:
             try:
                 consumer.acknowledge(acks.popleft())
@@ -515,7 +471,7 @@ class _PulsarSubscriber(EngineSubscriber):
             loop.call_soon_threadsafe(_resolve, fut)
 
     def _run(self) -> None:
-        consumer = _native(self._consumer, "_consumer")
+        consumer = native_consumer(self._consumer)
         deliver = self._sink.deliver
         reject = self._sink.reject
         queue_ack = self._acks.append
@@ -648,7 +604,13 @@ GROUP_EXPIRY_S = 3.0
 
 
 class _PulsarGroup(GroupMembership):
-    """Group membership over a non-persistent heartbeat topic (Pulsar has no liveliness)."""
+    """Group membership over a non-persistent heartbeat topic (Pulsar has no liveliness).
+
+    A member that announced itself also hears its own heartbeats: while they do not come back
+    (the broker restarts, the network drops) this view is not healthy, and no other member is
+    taken to have left; when they come back, every member gets a fresh
+    :data:`GROUP_EXPIRY_S` to be heard again.
+    """
 
     def __init__(
         self, engine: PulsarEngine, group: str, on_change: MembershipCallback, consumer: Any
@@ -662,6 +624,8 @@ class _PulsarGroup(GroupMembership):
         self._stop = threading.Event()
         self._producer: Any = None
         self._me: tuple[str, str] | None = None
+        self._self_seen = float("-inf")  # when our own heartbeat last came back
+        self._healthy_since: float | None = time.monotonic()  # watchers that never announce
         self._threads = [threading.Thread(target=self._listen, name=f"eb-group-{group}", daemon=True)]
         self._threads[0].start()
 
@@ -686,24 +650,51 @@ class _PulsarGroup(GroupMembership):
             now = time.monotonic()
             if now >= next_check:
                 next_check = now + GROUP_HEARTBEAT_S
-                with self._lock:
-                    expired = [(m, v) for m, (v, t) in self._seen.items() if now - t > GROUP_EXPIRY_S]
-                    for m, _ in expired:
-                        del self._seen[m]
-                for m, v in expired:
-                    self._on_change(m, v, False)
+                self._expire(now)
+
+    def _expire(self, now: float) -> None:
+        with self._lock:
+            if self._me is not None and now - self._self_seen > GROUP_EXPIRY_S / 2:
+                self._healthy_since = None  # our own heartbeats stopped coming back
+            if self._healthy_since is None:
+                return
+            expired = [(m, v) for m, (v, t) in self._seen.items() if now - t > GROUP_EXPIRY_S]
+            for m, _ in expired:
+                del self._seen[m]
+        for m, v in expired:
+            self._on_change(m, v, False)
 
     def _saw(self, member: str, value: str, alive: bool) -> None:
+        now = time.monotonic()
         with self._lock:
+            if self._me == (member, value) and alive:
+                self._self_seen = now
+                if self._healthy_since is None:  # back: everyone gets a fresh expiry
+                    self._healthy_since = now
+                    self._seen = {m: (v, now) for m, (v, _) in self._seen.items()}
             known = self._seen.get(member)
             if alive:
-                self._seen[member] = (value, time.monotonic())
+                self._seen[member] = (value, now)
             elif known is not None:
                 del self._seen[member]
         if alive and (known is None or known[0] != value):
             self._on_change(member, value, True)
         elif not alive and known is not None:
             self._on_change(member, known[0], False)
+
+    def healthy(self) -> bool:
+        with self._lock:
+            if self._me is None:
+                return True
+            return time.monotonic() - self._self_seen <= GROUP_EXPIRY_S / 2
+
+    def settled(self) -> bool:
+        now = time.monotonic()
+        with self._lock:
+            since = self._healthy_since
+            if since is None or now - since < GROUP_EXPIRY_S + GROUP_HEARTBEAT_S:
+                return False  # not up to date long enough to tell
+            return self._me is None or now - self._self_seen <= GROUP_EXPIRY_S / 2
 
     def _beat(self) -> None:
         assert self._me is not None
@@ -725,7 +716,9 @@ class _PulsarGroup(GroupMembership):
 
     async def announce(self, member: str, value: str) -> None:
         self._producer = await asyncio.to_thread(self._engine.client.create_producer, self._topic)
-        self._me = (member, value)
+        with self._lock:
+            self._me = (member, value)
+            self._self_seen = time.monotonic()  # counted healthy until its beats are due back
         await asyncio.to_thread(
             self._producer.send, b"", properties={"member": member, "value": value, "state": "alive"}
         )
@@ -862,7 +855,7 @@ class PulsarEngine(Engine):
                 sticky_ranges=list(options.key_shared_ranges),
             )
         what = "all streams" if stream is None else ", ".join(stream) if isinstance(stream, tuple) else stream
-        subscribe = partial(_subscribe_pattern, self.client) if stream is None else self.client.subscribe
+        subscribe = partial(subscribe_pattern, self.client) if stream is None else self.client.subscribe
         try:
             consumer = await asyncio.to_thread(subscribe, topic, name, **kwargs)
         except pulsar.PulsarException as err:
