@@ -64,12 +64,26 @@ class QueueCore:
         store: The durable queue.
         events: Where results, wake-ups and pushes go.
         lease_s: Lease length, seconds.
+        loss_grace_s: Delay between an executor leaving the group and its leases going back
+            (released by :meth:`sweep`), seconds; 0: at once.
     """
 
-    def __init__(self, store: ActionStore, events: QueueEvents, *, lease_s: float = LEASE_S) -> None:
+    def __init__(
+        self,
+        store: ActionStore,
+        events: QueueEvents,
+        *,
+        lease_s: float = LEASE_S,
+        loss_grace_s: float = 0.0,
+    ) -> None:
         self.store = store
         self.events = events
         self.lease_s = lease_s
+        #: An executor that leaves the group gives its leases back this long after (seconds):
+        #: the process of an executor cut off from the network learns it lost the queue in
+        #: that time, before another run starts.
+        self.loss_grace_s = loss_grace_s
+        self._leaving: dict[str, tuple[str, float]] = {}  # member -> (session, release at)
         self.lock = threading.Lock()
         #: Live executors: name -> session.
         self.live: dict[str, str] = {}
@@ -140,8 +154,24 @@ class QueueCore:
                     del self.live[member]
                 self._idle.pop(member, None)
                 self._pushed_since.pop(member, None)
+                if self.loss_grace_s > 0:  # released by the sweep, unless it comes back
+                    self._leaving[member] = (session, time.monotonic() + self.loss_grace_s)
+                    return
                 lost = self.store.release_lost(executor=member, session=session)
             for a in lost:
+                self._after_change(a)
+
+    def _release_departed(self) -> None:
+        """Leases of executors that left the group :attr:`loss_grace_s` ago and did not come
+        back (under the lock)."""
+        now = time.monotonic()
+        for member, (session, due) in list(self._leaving.items()):
+            if due > now:
+                continue
+            del self._leaving[member]
+            if self.live.get(member) == session:
+                continue  # back (a brief loss of the link)
+            for a in self.store.release_lost(executor=member, session=session):
                 self._after_change(a)
 
     def sweep(self, now_ns: int | None = None) -> None:
@@ -151,6 +181,7 @@ class QueueCore:
         with self.lock:
             if self.closed:
                 return
+            self._release_departed()
             for a in self.store.release_lost(now_ns=now):
                 self._after_change(a)
             self.store.expire_deadlines(now)

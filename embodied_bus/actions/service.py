@@ -34,6 +34,10 @@ SWEEP_S = 0.2
 #: How often ended actions beyond the store's ``keep_ended`` are deleted, seconds (and once at
 #: start).
 PRUNE_S = 60.0
+#: An executor that leaves the group gives its leases back this long after, seconds: one cut off
+#: from the network learns in that time that it cannot see the queue (its handlers'
+#: ``still_owner()`` turns false) before another executor starts its actions.
+LOSS_GRACE_S = 0.25
 
 
 class _BusEvents:
@@ -80,7 +84,9 @@ class QueueService:
         keep_ended: int = DEFAULT_KEEP_ENDED,
     ) -> None:
         self.bus = bus
-        self.core = QueueCore(ActionStore(db_path, policy, keep_ended=keep_ended), _BusEvents(bus))
+        self.core = QueueCore(
+            ActionStore(db_path, policy, keep_ended=keep_ended), _BusEvents(bus), loss_grace_s=LOSS_GRACE_S
+        )
 
     @property
     def store(self) -> ActionStore:

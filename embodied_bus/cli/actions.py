@@ -26,15 +26,7 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-a
     p = sub.add_parser("queue", help="host the durable action queue service")
     add_bus_args(p)
     p.add_argument("--db", default="actions.db", help="SQLite file (default actions.db)")
-    p.add_argument(
-        "--max-attempts", type=int, default=DEFAULT_RETRY.max_attempts, help="tries before dead-lettering"
-    )
-    p.add_argument(
-        "--backoff",
-        type=float,
-        default=DEFAULT_RETRY.initial_backoff_s,
-        help="delay after the first failure, seconds (doubles per failure, with jitter)",
-    )
+    _add_retry_args(p)
     p.add_argument(
         "--keep-ended",
         type=_at_least_zero,
@@ -72,6 +64,7 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-a
         help="run only actions signed by a key this allow-list permits for their kind (see 'keys')",
     )
     p.add_argument("--nonce-db", default=None, help="SQLite file of seen nonces (default: in memory)")
+    _add_retry_args(p, "Pulsar: ")
     _add_connect_timeout(p, "the broker or the queue service", None)
     add_metrics_arg(p)  # completed / failed / running actions of this executor
     p.set_defaults(func=run_executor)
@@ -106,6 +99,30 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-a
     p.add_argument("--json", action="store_true", help="print one JSON document per refresh")
     add_metrics_arg(p)  # also serves the backlog as JSON on /backlog (KEDA's metrics-api scaler)
     p.set_defaults(func=run_actions)
+
+
+def _add_retry_args(p: argparse.ArgumentParser, where: str = "") -> None:
+    p.add_argument(
+        "--max-attempts",
+        type=_at_least_one,
+        default=DEFAULT_RETRY.max_attempts,
+        help=f"{where}tries before dead-lettering (default {DEFAULT_RETRY.max_attempts})",
+    )
+    p.add_argument(
+        "--backoff",
+        type=float,
+        default=DEFAULT_RETRY.initial_backoff_s,
+        help=f"{where}delay after the first failure, seconds (doubles per failure, with jitter)",
+    )
+
+
+def _policy(args: argparse.Namespace) -> RetryPolicy:
+    return RetryPolicy(
+        max_attempts=args.max_attempts,
+        initial_backoff_s=args.backoff,
+        max_backoff_s=max(args.backoff, DEFAULT_RETRY.max_backoff_s),
+        jitter=DEFAULT_RETRY.jitter if args.backoff else 0.0,
+    )
 
 
 def _add_connect_timeout(p: argparse.ArgumentParser, what: str, default: float | None) -> None:
@@ -151,13 +168,7 @@ async def run_queue(args: argparse.Namespace) -> int:
                 "directly (see embodied_bus.actions.pulsar_queue); run `embodied-bus queue` on Zenoh"
             )
         ready = asyncio.Event()
-        policy = RetryPolicy(
-            max_attempts=args.max_attempts,
-            initial_backoff_s=args.backoff,
-            max_backoff_s=max(args.backoff, DEFAULT_RETRY.max_backoff_s),
-            jitter=DEFAULT_RETRY.jitter if args.backoff else 0.0,
-        )
-        service = QueueService(bus, args.db, policy, keep_ended=args.keep_ended)
+        service = QueueService(bus, args.db, _policy(args), keep_ended=args.keep_ended)
         task = asyncio.create_task(service.run(stop, ready))
         await ready.wait()
         print(f"action queue serving on {args.bus} (db {args.db})", flush=True)
@@ -217,6 +228,7 @@ async def run_executor(args: argparse.Namespace) -> int:
             prefetch=args.prefetch,
             labels=labels,
             verifier=verifier,
+            policy=_policy(args),
             connect_timeout_s=args.connect_timeout,
         )
         for kind, fn in handlers.items():

@@ -32,6 +32,7 @@ import msgspec
 import pulsar
 
 from embodied_bus.actions import lifecycle
+from embodied_bus.actions.context import OWNER_WINDOW_S
 from embodied_bus.actions.lifecycle import Admission
 from embodied_bus.actions.model import Action, ActionError, ActionStatus, decode_action, encode_action
 from embodied_bus.actions.pulsar.records import Event
@@ -320,6 +321,7 @@ class PulsarWorker(WorkerLink):
         a = self._current(env)
         reply_to = msg.properties().get("eb-reply-to", "")
         now = time.time_ns()
+        takes_over = a.open_attempt is not None  # closed as lost below if its holder is gone
         verdict = lifecycle.admit(
             a,
             self.spec.name,
@@ -343,13 +345,17 @@ class PulsarWorker(WorkerLink):
             self._nack(d)  # a live executor that has not failed it retries it
         elif verdict is Admission.START:
             self._handbacks.pop(a.id, None)
-            return await self._claim(a, d, reply_to)
+            return await self._claim(a, d, reply_to, takes_over=takes_over)
         else:  # expired, canceled or exhausted on the way: ended here
             await self.settle(a, [d], reply_to)
         return None
 
-    async def _claim(self, a: Action, d: _Delivery, reply_to: str) -> Lease | None:
-        """Start the attempt: write the claim, read it back, run only if it stood."""
+    async def _claim(
+        self, a: Action, d: _Delivery, reply_to: str, *, takes_over: bool = False
+    ) -> Lease | None:
+        """Start the attempt: write the claim, read it back, run only if it stood. A claim that
+        takes over a lost holder's attempt waits :data:`OWNER_WINDOW_S` more before it runs: a
+        holder that was cut off, not dead, stops believing it holds the action by then."""
         wait_s = (int(d.msg.properties().get("eb-not-before-ns", "0") or 0) - time.time_ns()) / 1e9
         if wait_s > 0:  # the rest of a retry backoff the broker rounded away
             await asyncio.sleep(wait_s)
@@ -370,6 +376,8 @@ class PulsarWorker(WorkerLink):
             else:  # another executor's claim stood: it runs; this delivery waits beside it
                 self._parked.setdefault(a.id, []).append(d)
             return None
+        if takes_over:
+            await asyncio.sleep(OWNER_WINDOW_S)
         self._held[a.id] = _Holding(a, d, reply_to, lifecycle.version(a))
         return Lease(a.copy(), self.spec.name)
 
@@ -435,6 +443,9 @@ class PulsarWorker(WorkerLink):
             raise QueueUnavailable(
                 f"{self.spec.name}: its heartbeats do not come back from the Pulsar broker"
             )
+        # a lease is confirmed only against a view that holds everything written until now (one
+        # that missed a takeover while this executor was cut off would confirm a lost lease)
+        await self.q.state.caught_up(time.monotonic())
         canceled, lost = set(), set()
         for lease in leases:
             h = self._holding(lease.id, lease.attempt)
@@ -497,9 +508,7 @@ class PulsarWorker(WorkerLink):
                 receipts[i] = Receipt(True, h.action.status)
         for i, r, h in failures:
             receipts[i] = await self._fail(r, h, now)
-        return ReportReply(
-            [x if x is not None else Receipt(False, None, "not reported") for x in receipts]
-        )
+        return ReportReply([x if x is not None else Receipt(False, None, "not reported") for x in receipts])
 
     def _release(self, h: _Holding) -> None:
         if self._held.get(h.action.id) is h:  # not a later attempt's claim made meanwhile
