@@ -45,6 +45,8 @@ MAX_ATTEMPTS = 8
 #: Actions submitted, over :data:`SUBMIT_S` seconds.
 ACTIONS = 120
 SUBMIT_S = 16.0
+#: When each action was submitted (``time.monotonic_ns()``).
+SUBMITTED: dict[str, int] = {}
 
 
 class Partition:
@@ -160,6 +162,7 @@ class Run:
     start: int
     last_owned: int
     ended: str = ""  # "end", "stop", or "" (its process was killed)
+    end: int = 0  # when it ended (0: killed)
 
 
 def read_runs(log_dir: Path) -> list[Run]:
@@ -177,13 +180,13 @@ def read_runs(log_dir: Path) -> list[Run]:
             if r["ev"] == "owned":
                 run.last_owned = max(run.last_owned, r["t"])
             elif r["ev"] in ("end", "stop"):
-                run.ended = r["ev"]
+                run.ended, run.end = r["ev"], r["t"]
     return list(runs.values())
 
 
 def overlaps(runs: list[Run]) -> list[tuple[Run, Run]]:
     """Pairs of runs of one action that held it at the same time: a run holds it from its start
-    to its last step (a step lasts :data:`STEP_S`)."""
+    to the end of its last step (a step lasts :data:`STEP_S`), or to its end if that was sooner."""
     by_action: dict[str, list[Run]] = {}
     for run in runs:
         by_action.setdefault(run.id, []).append(run)
@@ -192,7 +195,10 @@ def overlaps(runs: list[Run]) -> list[tuple[Run, Run]]:
     for group in by_action.values():
         group.sort(key=lambda r: r.start)
         for earlier, later in itertools.pairwise(group):
-            if later.start < earlier.last_owned + step_ns:
+            held_until = earlier.last_owned + step_ns
+            if earlier.end:
+                held_until = min(held_until, earlier.end)
+            if later.start < held_until:
                 out.append((earlier, later))
     return out
 
@@ -210,20 +216,28 @@ async def submit_during(planner: Planner, seconds: float, rng: random.Random) ->
         else:
             payload = {"i": i, "steps": rng.randint(2, 25), "flaky": i % 10 == 3}
             action = Action("work", payload, priority=rng.randint(0, 9))
+        SUBMITTED[action.id] = time.monotonic_ns()
         handles += await planner.submit_many([action])
         await asyncio.sleep(max(0.0, t0 + seconds * (i + 1) / ACTIONS - time.monotonic()))
     return handles, poison
 
 
-async def kill_executors_now_and_then(fleet: Fleet, until: asyncio.Event, rng: random.Random) -> None:
-    """``kill -9`` a host executor every 1-2.5 s and start it again under its name."""
+async def kill_executors_now_and_then(
+    fleet: Fleet, until: asyncio.Event, rng: random.Random, spare: str
+) -> None:
+    """``kill -9`` a host executor every 1-2.5 s and start it again under its name; one that
+    runs the action ``spare`` (6 s long: every try of it would be killed) is left alone."""
     while not until.is_set():
         try:
             await asyncio.wait_for(until.wait(), rng.uniform(1.0, 2.5))
             return
         except TimeoutError:
             pass
-        name = rng.choice(["e0", "e1"])
+        busy = {r.ex for r in read_runs(fleet.log_dir) if r.id == spare and not r.ended}
+        candidates = [n for n in ("e0", "e1") if n not in busy]
+        if not candidates:
+            continue
+        name = rng.choice(candidates)
         fleet.kill(name)
         await asyncio.sleep(0.3)
         fleet.start(name)
@@ -239,9 +253,7 @@ async def cut_while_running(fleet: Fleet, run: Run, for_s: float) -> dict[str, A
     return {"cut_ns": cut_ns, "during": [(run.id, run.attempt)]}
 
 
-async def long_run_on_the_partitioned_executor(
-    fleet: Fleet, bus: Any, planner: Planner
-) -> tuple[Any, Run]:
+async def long_run_on_the_partitioned_executor(fleet: Fleet, bus: Any, planner: Planner) -> tuple[Any, Run]:
     """A long action (6 s of steps) started by ``ecut`` alone: the others start after it."""
     await wait_for_executors(bus, {"ecut"}, 90)
     (handle,) = await planner.submit_many([Action("work", {"steps": 300}, priority=5)])
@@ -263,6 +275,24 @@ async def wait_for_executors(bus: Any, names: set[str], timeout_s: float) -> Non
             await asyncio.sleep(0.1)
     finally:
         await group.leave()
+
+
+def priority_inversions(results: list[Any], runs: list[Run], late_s: float = 0.5) -> int:
+    """Pairs of actions where the one of higher priority was waiting when the other started and
+    started more than ``late_s`` after it (first runs)."""
+    first: dict[str, int] = {}
+    for r in runs:
+        first[r.id] = min(first.get(r.id, r.start), r.start)
+    rows = [
+        (a.priority, SUBMITTED[a.id], first[a.id]) for a in results if a.id in first and a.id in SUBMITTED
+    ]
+    late_ns = int(late_s * 1e9)
+    return sum(
+        1
+        for hi, hi_sub, hi_start in rows
+        for lo, _, lo_start in rows
+        if hi > lo and hi_sub <= lo_start and hi_start - lo_start > late_ns
+    )
 
 
 def check(results: list[Any], poison: set[str], runs: list[Run], cut: dict[str, Any]) -> dict[str, Any]:
@@ -296,6 +326,7 @@ def check(results: list[Any], poison: set[str], runs: list[Run], cut: dict[str, 
         "attempts_lost": lost,
         "late_reports": sum(1 for a in results for t in a.attempts if "reported later" in t.reason),
         "concurrent_double_runs": len(double),
+        "priority_inversions_over_0_5_s": priority_inversions(results, runs),
         "runs_missing_from_history": len(unrecorded),
         "runs_cut_off": [
             {"run": r.ended or "killed", "history": by_id[r.id].attempts[r.attempt - 1].outcome}
@@ -311,6 +342,7 @@ async def drive(
     restart_queue: Any,
     *,
     restart_after_s: float,
+    cut_s: float,
     result_timeout_s: float,
 ) -> dict[str, Any]:
     rng = random.Random(7)
@@ -322,9 +354,9 @@ async def drive(
             for name in ("e0", "e1"):
                 fleet.start(name)
             await wait_for_executors(bus, {"e0", "e1", "ecut"}, 90)
-            cutter = asyncio.create_task(cut_while_running(fleet, long_run, 8.0))
+            cutter = asyncio.create_task(cut_while_running(fleet, long_run, cut_s))
             done = asyncio.Event()
-            killer = asyncio.create_task(kill_executors_now_and_then(fleet, done, rng))
+            killer = asyncio.create_task(kill_executors_now_and_then(fleet, done, rng, long.id))
 
             async def outage() -> None:
                 await asyncio.sleep(restart_after_s)
@@ -382,7 +414,7 @@ async def test_zenoh_chaos_never_runs_an_action_twice_at_once_and_loses_nothing(
     start_queue()
     fleet = Fleet(url, ns, log_dir, partition, ["--connect-timeout", "120"])
     try:
-        await drive(fleet, url, ns, restart_queue, restart_after_s=8.0, result_timeout_s=90)
+        await drive(fleet, url, ns, restart_queue, restart_after_s=8.0, cut_s=8.0, result_timeout_s=90)
     finally:
         fleet.stop_all()
         for p in procs:
@@ -413,7 +445,9 @@ async def test_pulsar_chaos_never_runs_an_action_twice_at_once_and_loses_nothing
     extra = ["--connect-timeout", "180", "--max-attempts", str(MAX_ATTEMPTS), "--backoff", "0.05"]
     fleet = Fleet(url, ns, log_dir, partition, extra)
     try:
-        await drive(fleet, url, ns, restart_broker, restart_after_s=6.0, result_timeout_s=180)
+        # the cut outlasts the broker's keepalive (the broker drops the cut-off consumer and another
+        # executor takes over) and ends before the broker's crash
+        await drive(fleet, url, ns, restart_broker, restart_after_s=14.0, cut_s=12.0, result_timeout_s=180)
     finally:
         fleet.stop_all()
         await asyncio.to_thread(broker.cleanup)

@@ -49,8 +49,12 @@ class ActionContext:
         self.cancelled = asyncio.Event()
         #: The queue took the lease back (it closed this attempt): another run may have begun.
         self.lost = False
-        #: When the queue last confirmed this lease (``time.monotonic()``).
-        self.confirmed_mono = time.monotonic()
+        #: When the queue last confirmed this lease (``time.monotonic()``): at first, when it was
+        #: granted (the attempt's start, on the queue's clock: a lease that waited on its way, in
+        #: a partition or behind full slots, arrives already old).
+        granted_ns = lease.action.attempts[-1].started_ns if lease.action.attempts else 0
+        age_s = (time.time_ns() - granted_ns) / 1e9
+        self.confirmed_mono = time.monotonic() - (age_s if 0 <= age_s < 3600 else 3600.0)
         #: A checkpoint saved while the queue was away, sent when it is back.
         self.pending_checkpoint: Any = None
         self.has_pending_checkpoint = False

@@ -209,9 +209,35 @@ class Executor:
                 kind,
             )
 
+    async def _confirmed(self, ctx: ActionContext) -> bool:
+        """Whether a lease that arrived old may run: the queue confirms it still holds (else it
+        is dropped unrun: its attempt was taken back and shows as lost)."""
+        deadline = time.monotonic() + 2 * LEASE_S
+        while self._link is not None and time.monotonic() < deadline:
+            sent = time.monotonic()
+            try:
+                renewal = await self._link.renew([ctx.lease])
+            except QueueUnavailable:
+                await asyncio.sleep(RECONNECT_FIRST_S)
+                continue
+            if ctx.lease.id in renewal.lost:
+                break
+            ctx.confirmed_mono = sent
+            return True
+        _log.warning(
+            "%s: did not run action %s (attempt %d): its lease was old when it arrived and the "
+            "queue did not confirm it",
+            self.name,
+            ctx.lease.id,
+            ctx.lease.attempt,
+        )
+        return False
+
     async def _run_one(self, ctx: ActionContext) -> None:
         action = ctx.action
         lease = ctx.lease
+        if not ctx.still_owner() and not await self._confirmed(ctx):
+            return
         if self.verifier is not None:
             try:
                 self.verifier.verify(action)
@@ -359,6 +385,8 @@ class Executor:
         sent = time.monotonic()
         renewal = await self._link.renew(leases)
         for ctx in contexts:
+            if ctx.lease.id not in self._running:
+                continue  # it ended while the renewal was under way
             if ctx.lease.id in renewal.lost:
                 ctx.lost = True
                 ctx.cancelled.set()

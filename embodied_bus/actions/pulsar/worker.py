@@ -24,6 +24,7 @@ import heapq
 import logging
 import threading
 import time
+from collections import OrderedDict
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
@@ -130,6 +131,8 @@ class PulsarWorker(WorkerLink):
         self._on_pushed: Callable[[list[Lease]], None] = lambda _leases: None
         self._watcher: asyncio.Task[None] | None = None
         self._claiming = 0  # deliveries whose claim is under way
+        self._admitting: set[str] = set()  # actions with a delivery being admitted
+        self._settled: OrderedDict[tuple[str, int], None] = OrderedDict()  # reported here, lately
         self._unavailable: QueueUnavailable | None = None  # a claim found the broker away
         self._tasks: set[asyncio.Future[None]] = set()
 
@@ -318,6 +321,17 @@ class PulsarWorker(WorkerLink):
         if held is not None and lifecycle.version(env) <= held.claimed:
             held.extra.append(d)  # a duplicate of what this executor runs: settled with it
             return None
+        if env.id in self._admitting:  # another delivery of it is being admitted here: after it
+            self._parked.setdefault(env.id, []).append(d)
+            return None
+        self._admitting.add(env.id)
+        try:
+            return await self._decide(env, d)
+        finally:
+            self._admitting.discard(env.id)
+
+    async def _decide(self, env: Action, d: _Delivery) -> Lease | None:
+        msg = d.msg
         a = self._current(env)
         reply_to = msg.properties().get("eb-reply-to", "")
         now = time.time_ns()
@@ -449,6 +463,8 @@ class PulsarWorker(WorkerLink):
         canceled, lost = set(), set()
         for lease in leases:
             h = self._holding(lease.id, lease.attempt)
+            if h is None and (lease.id, lease.attempt) in self._settled:
+                continue  # its outcome was recorded while this renewal waited
             if h is None or self._taken_back(h):
                 lost.add(lease.id)
             elif self.q.state.cancel_requested(lease.id):
@@ -513,6 +529,9 @@ class PulsarWorker(WorkerLink):
     def _release(self, h: _Holding) -> None:
         if self._held.get(h.action.id) is h:  # not a later attempt's claim made meanwhile
             del self._held[h.action.id]
+        self._settled[(h.action.id, h.action.attempts[-1].number)] = None
+        while len(self._settled) > 10_000:
+            self._settled.popitem(last=False)
 
     async def _late(self, r: Report, h: _Holding | None) -> Receipt:
         """An outcome of an attempt the log shows taken back: noted in the history; its message
