@@ -33,7 +33,6 @@ import msgspec
 import pulsar
 
 from embodied_bus.actions import lifecycle
-from embodied_bus.actions.context import OWNER_WINDOW_S
 from embodied_bus.actions.lifecycle import Admission
 from embodied_bus.actions.model import Action, ActionError, ActionStatus, decode_action, encode_action
 from embodied_bus.actions.pulsar.records import Event
@@ -288,7 +287,11 @@ class PulsarWorker(WorkerLink):
             return view.copy()
 
     def _holder_gone(self, attempt: Any) -> bool:
-        """Whether the executor of an open attempt is surely gone."""
+        """Whether the executor of an open attempt is surely gone: absent from the executor group
+        (silent for ``GROUP_EXPIRY_S``) while this view of the group is up to date. A holder
+        that was cut off, not dead, stopped believing it holds the action half that time after
+        its own heartbeats stopped coming back (its ``still_owner()`` needs them), so a takeover
+        never overlaps its run."""
         if attempt.session == self.spec.session or self._group is None:
             return False  # this process: an outcome still on its way
         ann = parse_announcement(self._group.members().get(attempt.executor, ""))
@@ -335,7 +338,6 @@ class PulsarWorker(WorkerLink):
         a = self._current(env)
         reply_to = msg.properties().get("eb-reply-to", "")
         now = time.time_ns()
-        takes_over = a.open_attempt is not None  # closed as lost below if its holder is gone
         verdict = lifecycle.admit(
             a,
             self.spec.name,
@@ -359,17 +361,13 @@ class PulsarWorker(WorkerLink):
             self._nack(d)  # a live executor that has not failed it retries it
         elif verdict is Admission.START:
             self._handbacks.pop(a.id, None)
-            return await self._claim(a, d, reply_to, takes_over=takes_over)
+            return await self._claim(a, d, reply_to)
         else:  # expired, canceled or exhausted on the way: ended here
             await self.settle(a, [d], reply_to)
         return None
 
-    async def _claim(
-        self, a: Action, d: _Delivery, reply_to: str, *, takes_over: bool = False
-    ) -> Lease | None:
-        """Start the attempt: write the claim, read it back, run only if it stood. A claim that
-        takes over a lost holder's attempt waits :data:`OWNER_WINDOW_S` more before it runs: a
-        holder that was cut off, not dead, stops believing it holds the action by then."""
+    async def _claim(self, a: Action, d: _Delivery, reply_to: str) -> Lease | None:
+        """Start the attempt: write the claim, read it back, run only if it stood."""
         wait_s = (int(d.msg.properties().get("eb-not-before-ns", "0") or 0) - time.time_ns()) / 1e9
         if wait_s > 0:  # the rest of a retry backoff the broker rounded away
             await asyncio.sleep(wait_s)
@@ -390,8 +388,6 @@ class PulsarWorker(WorkerLink):
             else:  # another executor's claim stood: it runs; this delivery waits beside it
                 self._parked.setdefault(a.id, []).append(d)
             return None
-        if takes_over:
-            await asyncio.sleep(OWNER_WINDOW_S)
         self._held[a.id] = _Holding(a, d, reply_to, lifecycle.version(a))
         return Lease(a.copy(), self.spec.name)
 
