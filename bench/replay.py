@@ -24,7 +24,7 @@ from embodied_bus.replay import ReplayOptions, recording_info, replay  # noqa: E
 from embodied_bus.ros import typestore  # noqa: E402
 from embodied_bus.testing.ports import free_port  # noqa: E402
 
-RECORDINGS = ROOT.parent / "shared" / "data" / "recordings"
+RECORDINGS = ROOT / "test" / "data" / "recordings"
 DEFAULTS = [
     RECORDINGS / "byu_cougar_auv_mcap" / "SO_lastbag_mcap",  # rosbag2 MCAP
     RECORDINGS / "robot_localization_husky_gps" / "test1.bag",  # ROS 1 (bz2)

@@ -1,16 +1,16 @@
-"""Where the shared real recordings live (``../shared/data/recordings`` from the project root)."""
+"""The real recordings the tests read: ``test/data/recordings`` (see its ``MANIFEST.md`` for
+each one's source, commit and licence)."""
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-RECORDINGS = Path(os.environ.get("EMBODIED_BUS_RECORDINGS", ROOT.parent / "shared" / "data" / "recordings"))
+RECORDINGS = ROOT / "test" / "data" / "recordings"
 
 
 def recording(*parts: str) -> Path:
-    """Path of a file or folder in the shared recordings; fails clearly if absent."""
+    """Path of a file or folder of the recordings; fails clearly if absent."""
     p = RECORDINGS.joinpath(*parts)
-    assert p.exists(), f"recording {p} not found (set EMBODIED_BUS_RECORDINGS)"
+    assert p.exists(), f"recording {p} not found (the repository ships it under test/data/recordings)"
     return p

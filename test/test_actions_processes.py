@@ -330,3 +330,47 @@ async def test_a_pulsar_broker_killed_between_submit_and_execution_loses_nothing
             ex.wait(20)
     assert [r.status for r in results] == [ActionStatus.SUCCEEDED] * 5
     assert all(r.attempts[-1].executor == "after-crash" for r in results)
+
+
+async def test_an_executor_started_before_the_queue_waits_for_it_and_one_told_not_to_wait_fails(
+    tmp_path: Path,
+) -> None:
+    """Nothing listens where the executor connects: it says it waits and keeps trying; once the
+    queue service comes up there, it runs what is sent. With --connect-timeout it gives up and
+    exits non-zero saying why."""
+    url_a, url_b = zenoh_urls()
+    ns = f"late{os.getpid()}"
+    quick = subprocess.run(
+        [
+            *CLI,
+            "executor",
+            "--bus",
+            url_b,
+            "--ns",
+            ns,
+            "--handlers",
+            "action_handlers:HANDLERS",
+            *("--connect-timeout", "2"),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env={**os.environ, "PYTHONPATH": f"{TEST_DIR}{os.pathsep}{os.environ.get('PYTHONPATH', '')}"},
+    )
+    assert quick.returncode != 0 and "cannot open Zenoh session" in quick.stderr, quick.stderr
+    early = executor(url_b, ns, "early")
+    svc = None
+    try:
+        assert early.stderr is not None
+        line = await asyncio.to_thread(early.stderr.readline)
+        assert "waiting for the bus" in line, line
+        svc = queue_process(url_a, ns, tmp_path / "q.db")
+        async with open_bus(url_b, namespace=ns) as bus, Planner(bus) as planner:
+            h = await planner.submit("navigate_to", {"x": 1})
+            done = await h.result(timeout_s=60)
+        assert done.status is ActionStatus.SUCCEEDED and done.attempts[-1].executor == "early"
+    finally:
+        for p in (early, svc):
+            if p is not None and p.poll() is None:
+                p.send_signal(signal.SIGINT)
+                p.wait(20)

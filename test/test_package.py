@@ -87,3 +87,29 @@ def test_the_readmes_streams_example_runs_as_shown() -> None:
     first, counters = out.stdout.splitlines()[-2:]
     assert first.startswith("1 ") and first.endswith("lidar_top (100000,)"), first
     assert "'received': 1," in counters and "'gaps': 0," in counters, counters
+
+
+#: Files that may reach beside the repository: the interoperability tests with ros-z
+#: (``../shared/ros-z``), which skip with a reason where it is absent.
+ROS_Z_INTEROP = frozenset({"test/ros_z.py"})
+
+
+def test_nothing_but_the_ros_z_interoperability_tests_reaches_outside_the_repository() -> None:
+    """A clone with nothing beside it tests itself: the data the tests and benchmarks read ships
+    in the repository (``test/data``, ``data``)."""
+    import re
+
+    outside = re.compile(r"\.\./shared|ROOT\.parent|EMBODIED_BUS_RECORDINGS|[\"']shared[\"']\s*/")
+    found = []
+    for folder in ("test", "bench", "scripts", ".ci", "embodied_bus", "launch"):
+        for path in sorted((ROOT / folder).rglob("*")):
+            rel = path.relative_to(ROOT).as_posix()
+            if not path.is_file() or path.suffix not in ("", ".py", ".sh") or rel in ROS_Z_INTEROP:
+                continue
+            if rel.startswith("test/data/") or rel == "test/test_package.py":
+                continue
+            for n, line in enumerate(path.read_text(errors="replace").splitlines(), 1):
+                if outside.search(line):
+                    found.append(f"{rel}:{n}: {line.strip()}")
+    assert not found, "reaches outside the repository:\n" + "\n".join(found)
+    assert (ROOT / "test" / "data" / "recordings" / "MANIFEST.md").exists()
