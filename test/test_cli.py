@@ -7,11 +7,13 @@ import os
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 from embodied_bus import __version__
 from embodied_bus.testing.ports import free_port
 
 CLI = [sys.executable, "-m", "embodied_bus.cli.main"]
+ROOT = Path(__file__).resolve().parents[1]
 
 
 def run(*args: str, timeout: float = 60) -> subprocess.CompletedProcess[str]:
@@ -429,3 +431,52 @@ def test_the_actions_view_sums_kinds_and_derives_rates_that_never_go_negative() 
     assert third["rates"] == {"ended_per_s": 0.0, "redeliveries_per_s": 0.0}
     text = ActionsView.text(second)
     assert "pick/p5" in text and "in flight 1" in text and "ended 31 (10/s)" in text and "(2/s)" in text
+
+
+def test_a_fusion_worker_that_cannot_run_ends_its_process_with_the_error_instead_of_idling() -> None:
+    """Key_Shared slots need Pulsar: on Zenoh the worker's task fails at once, and ``fuse`` (with
+    no --duration) exits non-zero naming why instead of staying up with nothing to fuse."""
+    t0 = time.monotonic()
+    out = run("fuse", "--config", str(ROOT / "config" / "fusion.yaml"), "--scale-out", "key-shared",
+              "--bus", "zenoh:", "--ns", "idle", timeout=60)  # fmt: skip
+    assert out.returncode == 1 and "key_shared_ranges is a Pulsar option" in out.stderr, out.stderr
+    assert time.monotonic() - t0 < 30
+
+
+def _peak_rss_mb(pid: int) -> float:
+    status = dict(
+        line.split(":", 1) for line in Path(f"/proc/{pid}/status").read_text().splitlines() if ":" in line
+    )
+    return int(status["VmHWM"].split()[0]) / 1024
+
+
+async def test_one_huge_sample_costs_a_fusion_worker_a_bounded_multiple_of_its_size() -> None:
+    """A 50 MiB lidar sample is received, fused into a frame and published: the fusion worker's
+    peak memory grows by at most 6 times the sample (it holds a few copies while it works; no
+    shared-memory pool sized for eight such samples)."""
+    import asyncio
+
+    from embodied_bus import Backpressure, PublisherOptions, open_bus
+
+    port = free_port()
+    proc = subprocess.Popen(
+        [*CLI, "fuse", "--config", str(ROOT / "config" / "fusion.yaml"), "--json",
+         "--bus", f"zenoh:?listen=tcp/127.0.0.1:{port}", "--ns", "huge"],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    try:
+        async with open_bus(f"zenoh://127.0.0.1:{port}", namespace="huge", wait_s=30) as bus:
+            pub = await bus.publisher("lidar/top", options=PublisherOptions(backpressure=Backpressure.BLOCK))
+            assert await pub.wait_for_subscribers(30)
+            await asyncio.sleep(0.5)
+            before = _peak_rss_mb(proc.pid)
+            await pub.publish(b"\x01" * (50 << 20), stamp_ns=time.time_ns())
+            await pub.flush()
+            await asyncio.sleep(3.0)
+            grown = _peak_rss_mb(proc.pid) - before
+    finally:
+        proc.send_signal(2)
+        out, err = proc.communicate(timeout=60)
+    summary = json.loads(out)
+    assert summary["samples"] == 1 and summary["frames"] == 1, err
+    assert grown <= 6 * 50, f"the worker's peak memory grew by {grown:.0f} MiB for one 50 MiB sample"

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from embodied_bus import open_bus
-from embodied_bus.errors import BusConnectionError
+from embodied_bus.errors import BusConfigError, BusConnectionError
 from embodied_bus.testing.certs import Pki, make_pki
 from embodied_bus.testing.ports import free_port
 
@@ -112,3 +112,68 @@ async def test_zenoh_access_control_from_a_config_file_drops_what_it_denies(tmp_
         with pytest.raises(TimeoutError):
             await sub.recv(timeout_s=0.5)
         assert not denied._pub.has_subscribers()
+
+
+def listening_tcp_ports() -> set[int]:
+    """TCP ports this process listens on (from /proc: its socket inodes in LISTEN state)."""
+    import os
+
+    inodes = set()
+    for fd in os.listdir("/proc/self/fd"):
+        try:
+            target = os.readlink(f"/proc/self/fd/{fd}")
+        except OSError:
+            continue
+        if target.startswith("socket:["):
+            inodes.add(target[8:-1])
+    ports = set()
+    for table in ("/proc/self/net/tcp", "/proc/self/net/tcp6"):
+        try:
+            lines = Path(table).read_text().splitlines()[1:]
+        except OSError:
+            continue
+        for line in lines:
+            cols = line.split()
+            if cols[3] == "0A" and cols[9] in inodes:  # 0A: LISTEN
+                ports.add(int(cols[1].rsplit(":", 1)[1], 16))
+    return ports
+
+
+async def test_a_tls_bus_listens_on_its_tls_endpoints_only_and_a_client_without_a_certificate_reaches_nothing(
+    pki: Pki,
+) -> None:
+    port = free_port()
+    server = f"zenoh:?listen=tls/localhost:{port}&{_tls(pki, mtls=True)}"
+    client = (
+        f"zenoh:?connect=tls/localhost:{port}&tls_ca={pki.ca}&tls_cert={pki.client_cert}"
+        f"&tls_key={pki.client_key}&mtls=1&timeout=3"
+    )
+    before = listening_tcp_ports()
+    async with open_bus(server, namespace="side") as srv, open_bus(client, namespace="side") as cli:
+        sub = await srv.subscribe("secure")
+        pub = await cli.publisher("secure")
+        assert await pub.wait_for_subscribers(10)
+        assert listening_tcp_ports() - before == {port}  # no plaintext port beside it, on any interface
+        for plain in (
+            f"zenoh://127.0.0.1:{port}?timeout=2",
+            f"zenoh:?connect=tcp/localhost:{port}&timeout=2",
+        ):
+            with pytest.raises(BusConnectionError):
+                async with open_bus(plain, namespace="side"):
+                    pass
+        await pub.publish(b"only for certificates", stamp_ns=1)
+        assert bytes((await sub.recv(timeout_s=10)).payload) == b"only for certificates"
+    with pytest.raises(BusConfigError, match="plaintext endpoint"):
+        await open_bus(f"zenoh:?listen=tls/localhost:{port}&listen=tcp/0.0.0.0:{port + 1}&{_tls(pki)}")
+
+
+async def test_a_bus_with_an_access_control_file_listens_only_where_told(tmp_path: Path) -> None:
+    conf = tmp_path / "robot.json5"
+    acl = {"enabled": True, "default_permission": "deny", "rules": [], "subjects": [], "policies": []}
+    conf.write_text(json.dumps({"access_control": acl}))
+    port = free_port()
+    before = listening_tcp_ports()
+    async with open_bus(f"zenoh:?listen=tcp/127.0.0.1:{port}&config={conf}", namespace="acl2"):
+        assert listening_tcp_ports() - before == {port}
+    async with open_bus(f"zenoh:?config={conf}", namespace="acl3"):
+        assert listening_tcp_ports() - before == set()  # a peer told nothing listens nowhere

@@ -9,12 +9,14 @@ import logging
 import time
 from collections import OrderedDict
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
+from dataclasses import replace
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from embodied_bus.actions.model import Action, ActionError, ActionStatus
 from embodied_bus.actions.policy import DEFAULT_RETRY, RetryPolicy
 from embodied_bus.actions.queue import ActionQueue, Backlog, QueueOptions, QueueUnavailable, open_queue
 from embodied_bus.errors import BusClosedError, BusConnectionError
+from embodied_bus.security.seal import Sealer, Trust
 from embodied_bus.security.signing import Signer
 
 if TYPE_CHECKING:
@@ -57,12 +59,17 @@ class Planner:
         bus: The bus (or give ``queue``).
         queue: The action queue (default: the bus's backend).
         timeout_s: How long one request waits for the queue, seconds.
-        signer: Sign every submitted action (executors with a verifier run only signed ones).
+        signer: Sign every submitted action (executors with a verifier run only signed ones); a
+            signer without an audience signs for this bus's namespace.
         policy: Retry policy for actions requeued from the dead-letter queue on Pulsar (a queue
             service applies its own).
         connect_timeout_s: While the queue is away (a restart, a network drop), requests are
             tried again with backoff for up to this long before they fail with
             :class:`~embodied_bus.actions.queue.QueueUnavailable` (0: fail at once).
+        sealer: Seal this planner's queue requests with its key (a queue service that trusts
+            only known parties answers sealed requests only).
+        trust: Believe only replies and results sealed by the queue's key, and feedback sealed
+            by an executor's (the allow-list says which keys those are).
 
     Use it as an async context manager, or call :meth:`close`, to release its result channel.
     """
@@ -76,15 +83,20 @@ class Planner:
         signer: Signer | None = None,
         policy: RetryPolicy = DEFAULT_RETRY,
         connect_timeout_s: float = CONNECT_TIMEOUT_S,
+        sealer: Sealer | None = None,
+        trust: Trust | None = None,
     ) -> None:
         if queue is None and bus is None:
             raise ValueError("a planner needs a bus or a queue")
         self.bus = bus
         self.timeout_s = timeout_s
+        if signer is not None and signer.audience is None and bus is not None:
+            signer = replace(signer, audience=bus.namespace)  # for this robot, not for any
         self.signer = signer
         self.connect_timeout_s = connect_timeout_s
         self._own_queue = queue is None
-        self.queue = queue if queue is not None else open_queue(bus, QueueOptions(policy, timeout_s))  # type: ignore[arg-type]
+        options = QueueOptions(policy, timeout_s, sealer, trust)
+        self.queue = queue if queue is not None else open_queue(bus, options)  # type: ignore[arg-type]
         # One subscription for every result (not one per action), opened before the first
         # submit so results that arrive before anyone awaits them are kept (bounded).
         self._results: OrderedDict[str, Action] = OrderedDict()

@@ -28,8 +28,15 @@ from embodied_bus.actions.model import MAX_PAYLOAD_BYTES, Action, ActionError, A
 from embodied_bus.actions.queue import LEASE_S, Backlog, BacklogRow, parse_announcement
 from embodied_bus.actions.store import ActionStore, Settled
 from embodied_bus.model.limits import DEFAULT_LIMITS
+from embodied_bus.security.allowlist import AllowedKey, Role
+from embodied_bus.security.seal import Refused, Sealer, Trust, reply_channel
 
 __all__ = ["RESTART_GRACE_S", "QueueCore", "QueueEvents"]
+
+#: Who may send requests at all; which requests are whose is checked per request.
+_REQUEST_ROLES = frozenset({Role.PLANNER, Role.EXECUTOR})
+#: The requests of executors (each names the executor it is made for).
+_EXECUTOR_REQUESTS = (p.Take, p.Renew, p.Checkpoint, p.Reports, p.Retire)
 
 #: Leases on disk when a queue starts last at least this long, seconds: executors that ran
 #: through the queue's absence reconnect and renew them in that time.
@@ -37,16 +44,18 @@ RESTART_GRACE_S = 10.0
 
 
 class QueueEvents(Protocol):
-    """What the core tells the world (called with the core's lock held: do not block long)."""
+    """What the core tells the world (called with the core's lock held: do not block long).
+    Payloads are sealed for their topic where the core has a sealer."""
 
-    def result(self, action_id: str, envelope: bytes) -> None:
-        """An action ended: its envelope, for its planner."""
+    def result(self, action_id: str, payload: bytes) -> None:
+        """An action ended: its envelope, for its planner (``actions/result/<id>``)."""
 
     def wake(self, kind: str) -> None:
         """Actions of ``kind`` may be ready."""
 
-    def push(self, executor: str, envelopes: list[bytes]) -> None:
-        """Leases granted to an idle executor, for it to run."""
+    def push(self, executor: str, payload: bytes) -> None:
+        """Leases granted to an idle executor, for it to run: a JSON array of envelopes
+        (``actions/assign/<executor>``)."""
 
 
 @dataclass(slots=True)
@@ -66,6 +75,10 @@ class QueueCore:
         lease_s: Lease length, seconds.
         loss_grace_s: Delay between an executor leaving the group and its leases going back
             (released by :meth:`sweep`), seconds; 0: at once.
+        sealer: Seal replies, results and pushes (the queue's key).
+        trust: Answer only requests sealed by a key whose role allows them (planner requests
+            by planners, an executor's by a key that may act as that executor), and count the
+            executors of the group only once they proved who they are.
     """
 
     def __init__(
@@ -75,9 +88,18 @@ class QueueCore:
         *,
         lease_s: float = LEASE_S,
         loss_grace_s: float = 0.0,
+        sealer: Sealer | None = None,
+        trust: Trust | None = None,
     ) -> None:
         self.store = store
         self.events = events
+        self.sealer = sealer
+        self.trust = trust
+        #: Executor processes that proved who they are (sealed requests): name -> session.
+        self.authenticated: dict[str, str] = {}
+        self._tokens: dict[str, str] = {}  # executor group members seen: name -> session
+        #: Requests and group changes refused because their sender is not trusted.
+        self.refused = 0
         self.lease_s = lease_s
         #: An executor that leaves the group gives its leases back this long after (seconds):
         #: the process of an executor cut off from the network learns it lost the queue in
@@ -118,14 +140,51 @@ class QueueCore:
             self.store.hold_leases(now + int(RESTART_GRACE_S * 1e9))
 
     def handle_bytes(self, raw: bytes) -> bytes:
-        """One request as JSON bytes → its reply (called on transport threads). A bad request
-        is answered with the reason and counted in :attr:`bad_requests`."""
+        """One request as (sealed) JSON bytes → its (sealed) reply (called on transport
+        threads). A bad or refused request is answered with the reason and counted in
+        :attr:`bad_requests` or :attr:`refused`."""
+        body, sender = raw, None
+        if self.trust is not None:
+            try:
+                opened = self.trust.open("request", raw, _REQUEST_ROLES)
+            except Refused as err:
+                self.refused += 1
+                return self._reply(raw, p.Failed(f"refused: {err}"))
+            body, sender = opened.body, opened.sender
         try:
-            request = p.decode_request(raw)
+            request = p.decode_request(body)
         except ActionError as err:
             self.bad_requests += 1
-            return p.encode(p.Failed(str(err)))
-        return p.encode(self.handle(request, len(raw)))
+            return self._reply(raw, p.Failed(str(err)))
+        if sender is not None:
+            why = self._not_allowed(request, sender)
+            if why is not None:
+                self.refused += 1
+                return self._reply(raw, p.Failed(f"refused: {why}"))
+        return self._reply(raw, self.handle(request, len(body)))
+
+    def _reply(self, request: bytes, reply: p.Reply) -> bytes:
+        return self._seal(reply_channel(request), p.encode(reply))
+
+    def _seal(self, channel: str, body: bytes) -> bytes:
+        return body if self.sealer is None else self.sealer.seal(channel, body)
+
+    def _not_allowed(self, request: p.Request, sender: AllowedKey) -> str | None:
+        """Why ``sender`` may not make ``request`` (None: it may); an executor that may is
+        recorded as authenticated."""
+        if isinstance(request, _EXECUTOR_REQUESTS):
+            name, session = request.executor.name, request.executor.session
+            if not sender.acts_as(name):
+                return f"key {sender.name} may not act as executor {name!r}"
+            with self.lock:
+                if self.authenticated.get(name) != session:
+                    self.authenticated[name] = session
+                    if self._tokens.get(name) == session:
+                        self._joined(name, session)
+            return None
+        if Role.PLANNER not in sender.roles:
+            return f"key {sender.name} may not make planner requests"
+        return None
 
     def handle(self, request: p.Request, size: int = 0) -> p.Reply:
         """Answer one typed request (``size``: its encoded length, bytes; 0 if unknown)."""
@@ -139,27 +198,40 @@ class QueueCore:
             return p.Failed(str(err))
 
     def executor_changed(self, member: str, value: str, joined: bool) -> None:
-        """An executor joined or left the executor group (transport threads)."""
+        """An executor joined or left the executor group (transport threads). Where requests
+        must be sealed, a member counts only once it proved who it is (a liveliness token says
+        nothing about who declared it)."""
         ann = parse_announcement(value)
         session = ann.session if ann is not None else ""
         with self.lock:
             if self.closed:
                 return
             if joined:
-                self.live[member] = session
-                # a new process under that name: its predecessor's leases are lost
-                lost = self.store.release_lost(executor=member, keep_session=session)
-            else:
-                if self.live.get(member) == session:
-                    del self.live[member]
-                self._idle.pop(member, None)
-                self._pushed_since.pop(member, None)
-                if self.loss_grace_s > 0:  # released by the sweep, unless it comes back
-                    self._leaving[member] = (session, time.monotonic() + self.loss_grace_s)
-                    return
-                lost = self.store.release_lost(executor=member, session=session)
-            for a in lost:
+                self._tokens[member] = session
+            elif self._tokens.get(member) == session:
+                del self._tokens[member]
+            if self.trust is not None and self.authenticated.get(member) != session:
+                self.refused += 1
+                return
+            if joined:
+                self._joined(member, session)
+                return
+            if self.live.get(member) == session:
+                del self.live[member]
+            self._idle.pop(member, None)
+            self._pushed_since.pop(member, None)
+            if self.loss_grace_s > 0:  # released by the sweep, unless it comes back
+                self._leaving[member] = (session, time.monotonic() + self.loss_grace_s)
+                return
+            for a in self.store.release_lost(executor=member, session=session):
                 self._after_change(a)
+
+    def _joined(self, member: str, session: str) -> None:
+        """``member`` (process ``session``) is in the group (under the lock): a new process under
+        that name means its predecessor's leases are lost."""
+        self.live[member] = session
+        for a in self.store.release_lost(executor=member, keep_session=session):
+            self._after_change(a)
 
     def _release_departed(self) -> None:
         """Leases of executors that left the group :attr:`loss_grace_s` ago and did not come
@@ -210,7 +282,7 @@ class QueueCore:
 
     # ------------------------------------------------------------------ events
     def _publish(self, a: Action) -> None:
-        self.events.result(a.id, self.store.encoded(a))
+        self.events.result(a.id, self._seal(f"actions/result/{a.id}", self.store.encoded(a)))
 
     def _after_change(self, a: Action) -> None:
         """An action left a lease: publish its result if it ended, else wake its executors."""
@@ -338,7 +410,8 @@ class QueueCore:
                 done.update(wanted)  # it took all it could see: nothing of these kinds is left
             if not leased:
                 continue
-            self.events.push(name, [self.store.encoded(a) for a in leased])
+            body = b"[" + b",".join(self.store.encoded(a) for a in leased) + b"]"
+            self.events.push(name, self._seal(f"actions/assign/{name}", body))
             self.pushed += len(leased)
             self._pushed_since[name] = self._pushed_since.get(name, 0) + len(leased)
             idle.free -= len(leased)

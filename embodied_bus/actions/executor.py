@@ -15,6 +15,7 @@ import inspect
 import logging
 import time
 import uuid
+from collections import OrderedDict
 from collections.abc import Awaitable, Callable, Sequence
 from functools import partial
 from typing import TYPE_CHECKING, Any
@@ -34,6 +35,7 @@ from embodied_bus.actions.queue import (
     open_queue,
 )
 from embodied_bus.errors import BusClosedError
+from embodied_bus.security.seal import Sealer, Trust
 from embodied_bus.security.signing import ActionRejected, Verifier
 
 if TYPE_CHECKING:
@@ -73,6 +75,12 @@ class Executor:
         policy: Retry policy where executors apply it (Pulsar; a queue service applies its own).
         connect_timeout_s: How long :meth:`run` waits for the queue to answer at start before
             it fails (None: wait until it does, saying so in the log).
+        sealer: Seal this executor's queue requests and feedback with its key.
+        trust: Believe only replies and pushes sealed by the queue's key.
+
+    Whatever arrives, a lease runs only if it was granted to this executor's process, for an
+    attempt it has not run yet, within the concurrency limit; anything else is refused and
+    counted (:attr:`refused_leases`).
     """
 
     def __init__(
@@ -87,6 +95,8 @@ class Executor:
         verifier: Verifier | None = None,
         policy: RetryPolicy = DEFAULT_RETRY,
         connect_timeout_s: float | None = None,
+        sealer: Sealer | None = None,
+        trust: Trust | None = None,
     ) -> None:
         if concurrency < 1:
             raise ValueError(f"executor concurrency must be >= 1, got {concurrency}")
@@ -105,7 +115,8 @@ class Executor:
         self.connect_timeout_s = connect_timeout_s
         self.handlers: dict[str, Handler] = {}
         self._own_queue = queue is None
-        self.queue = queue if queue is not None else open_queue(bus, QueueOptions(policy))  # type: ignore[arg-type]
+        options = QueueOptions(policy, sealer=sealer, trust=trust)
+        self.queue = queue if queue is not None else open_queue(bus, options)  # type: ignore[arg-type]
         self._link: WorkerLink | None = None
         self.completed = 0
         self.failed = 0
@@ -117,6 +128,9 @@ class Executor:
         self.leased_with_ack = 0
         #: Times the queue was found away while this executor ran.
         self.outages = 0
+        #: Leases refused: granted to another executor or process, or run here already.
+        self.refused_leases = 0
+        self._ran: OrderedDict[tuple[str, int], None] = OrderedDict()  # attempts started here
         self._sync_kinds: set[str] = set()
         self._running: dict[str, tuple[ActionContext, asyncio.Task[None]]] = {}
         self._waiting: list[Lease] = []  # leases pushed beyond the free slots
@@ -177,12 +191,31 @@ class Executor:
     def _free(self) -> int:
         return self.concurrency - len(self._running) - self._asking
 
+    def _refused(self, lease: Lease) -> str | None:
+        """Why ``lease`` may not run here (None: it may)."""
+        last = lease.action.attempts[-1] if lease.action.attempts else None
+        if last is None or not last.open:
+            return "it holds no open attempt"
+        if last.executor != self.name or last.session != self.session:
+            return f"it was granted to {last.executor!r} (process {last.session or '?'}), not to this one"
+        if (lease.id, last.number) in self._ran:
+            return f"attempt {last.number} already ran here"
+        return None
+
     def _start(self, lease: Lease) -> None:
-        if lease.id in self._running:
-            return  # a duplicate of what runs
+        if lease.id in self._running or any(x.id == lease.id for x in self._waiting):
+            return  # a duplicate of what runs or waits
+        why = self._refused(lease)
+        if why is not None:
+            self.refused_leases += 1
+            _log.warning("%s: refused a lease on action %s: %s", self.name, lease.id, why)
+            return
         if len(self._running) >= self.concurrency:
             self._waiting.append(lease)  # pushed beyond the free slots: runs when one frees
             return
+        self._ran[(lease.id, lease.attempt)] = None
+        while len(self._ran) > 100_000:
+            self._ran.popitem(last=False)
         ctx = ActionContext(self, lease)
         task = asyncio.create_task(self._run_one(ctx))
         self._running[lease.id] = (ctx, task)

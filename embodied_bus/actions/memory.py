@@ -63,14 +63,14 @@ class _Events:
     def __init__(self, hub: _Hub) -> None:
         self.hub = hub
 
-    def result(self, action_id: str, envelope: bytes) -> None:
-        self.hub.send(f"actions/result/{action_id}", envelope)
+    def result(self, action_id: str, payload: bytes) -> None:
+        self.hub.send(f"actions/result/{action_id}", payload)
 
     def wake(self, kind: str) -> None:
         self.hub.send(f"actions/wake/{kind}", b"")
 
-    def push(self, executor: str, envelopes: list[bytes]) -> None:
-        self.hub.send(f"actions/assign/{executor}", b"[" + b",".join(envelopes) + b"]")
+    def push(self, executor: str, payload: bytes) -> None:
+        self.hub.send(f"actions/assign/{executor}", payload)
 
 
 class _Member(GroupMembership):

@@ -291,6 +291,8 @@ def decode_action(data: bytes | str, *, limits: DecodeLimits | None = None) -> A
         raise _malformed(err) from err
     except msgspec.DecodeError as err:
         raise ActionError(f"action envelope is not valid JSON: {err}") from err
+    except RecursionError as err:
+        raise ActionError("action envelope is nested too deeply") from err
     # an envelope no larger than the payload limit cannot hold an oversized payload
     return action.validate(check_payload=len(data) > MAX_PAYLOAD_BYTES)
 

@@ -302,8 +302,8 @@ def decode_reply(data: bytes, expected: type[R]) -> R:
     """
     try:
         reply = _REPLIES.decode(data)
-    except (msgspec.ValidationError, msgspec.DecodeError) as err:
-        raise ActionError(f"the action queue service sent a malformed reply: {err}") from err
+    except (msgspec.ValidationError, msgspec.DecodeError, RecursionError) as err:
+        raise ActionError(f"the action queue service sent a malformed reply: {err!r}") from err
     if isinstance(reply, Failed):
         if reply.unavailable:
             raise QueueUnavailable(reply.error)

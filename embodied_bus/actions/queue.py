@@ -26,6 +26,7 @@ from embodied_bus.errors import BusConfigError, BusConnectionError
 
 if TYPE_CHECKING:
     from embodied_bus.bus import Bus
+    from embodied_bus.security.seal import Sealer, Trust
 
 __all__ = [
     "EXECUTOR_GROUP",
@@ -388,10 +389,15 @@ class QueueOptions:
         policy: Retry policy where planners and executors apply it (Pulsar; a Zenoh queue
             service applies its own).
         request_timeout_s: How long one request waits for the queue, seconds.
+        sealer: Seal every queue message this party sends (queue service backends).
+        trust: Believe only queue messages sealed by a key of this allow-list with the role the
+            message needs (queue service backends; on Pulsar the broker authenticates).
     """
 
     policy: RetryPolicy = DEFAULT_RETRY
     request_timeout_s: float = 5.0
+    sealer: Sealer | None = None
+    trust: Trust | None = None
 
 
 #: A backend: makes the queue of a bus.

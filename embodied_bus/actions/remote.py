@@ -11,7 +11,6 @@ JSON), ``actions/wake/<kind>`` (actions of a kind may be ready) and
 from __future__ import annotations
 
 import asyncio
-import json
 import logging
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any, Protocol, TypeVar
@@ -37,6 +36,8 @@ from embodied_bus.actions.queue import (
     announcement,
 )
 from embodied_bus.errors import BusClosedError, BusConnectionError
+from embodied_bus.security.allowlist import Role
+from embodied_bus.security.seal import Refused, reply_channel
 
 if TYPE_CHECKING:
     from embodied_bus.bus import Bus
@@ -104,6 +105,11 @@ def open_zenoh_queue(bus: Bus, options: QueueOptions) -> ActionQueue:
     return ServiceQueue(ZenohTransport(bus), options)
 
 
+#: Who may send the queue's own messages (replies, results, pushes), and feedback.
+QUEUE_ROLES = frozenset({Role.QUEUE})
+EXECUTOR_ROLES = frozenset({Role.EXECUTOR})
+
+
 def _actions(raws: Sequence[msgspec.Raw]) -> list[Action]:
     return [decode_action(bytes(r)) for r in raws]
 
@@ -129,10 +135,31 @@ class ServiceQueue(ActionQueue):
             ActionError: The service refused the request (its reason).
         """
         wait_s = self.options.request_timeout_s if timeout_s is None else timeout_s
-        raw = await self.transport.request(p.encode(request), wait_s)
+        payload = self.seal("request", p.encode(request))
+        raw = await self.transport.request(payload, wait_s)
         if raw is None:
             raise QueueUnavailable(f"no action queue service answered within {wait_s:g} s")
-        return p.decode_reply(raw, expected)
+        try:
+            body = self.opened(reply_channel(payload), raw, QUEUE_ROLES)
+        except Refused as err:  # not the queue's answer: the real one may come to the next try
+            _log.warning("refused a reply: %s", err)
+            raise QueueUnavailable(f"a reply that is not the queue's was refused: {err}") from err
+        return p.decode_reply(body, expected)
+
+    def seal(self, channel: str, body: bytes) -> bytes:
+        """``body`` sealed for ``channel`` (as it is when this party has no sealer)."""
+        sealer = self.options.sealer
+        return body if sealer is None else sealer.seal(channel, body)
+
+    def opened(self, channel: str, data: bytes, roles: frozenset[Role]) -> bytes:
+        """What a message received on ``channel`` says, if its sender may say it (every
+        message is believed when this party has no trust configured).
+
+        Raises:
+            Refused: It is not sealed by a key of the allow-list with one of ``roles``.
+        """
+        trust = self.options.trust
+        return data if trust is None else trust.open(channel, data, roles).body
 
     async def submit(self, actions: Sequence[Action]) -> list[Submitted]:
         reply = await self.call(p.Submit(list(actions)), p.SubmitReply)
@@ -168,11 +195,14 @@ class ServiceQueue(ActionQueue):
     async def watch_results(self, on_result: Callable[[Action], None]) -> None:
         loop = asyncio.get_running_loop()
 
-        def arrived(_topic: str, payload: bytes) -> None:  # transport thread
+        def arrived(topic: str, payload: bytes) -> None:  # transport thread
             try:
-                action = decode_action(payload)
-            except ActionError as err:
-                _log.warning("ignored a malformed result: %s", err)
+                action = decode_action(self.opened(topic, payload, QUEUE_ROLES))
+            except (ActionError, Refused) as err:
+                _log.warning("ignored a result on %s: %s", topic, err)
+                return
+            if topic != f"actions/result/{action.id}":
+                _log.warning("ignored a result of action %s on %s", action.id, topic)
                 return
             loop.call_soon_threadsafe(on_result, action)
 
@@ -183,14 +213,19 @@ class ServiceQueue(ActionQueue):
     ) -> Callable[[], None]:
         loop = asyncio.get_running_loop()
 
-        def feedback(_topic: str, payload: bytes) -> None:  # transport thread
+        def feedback(topic: str, payload: bytes) -> None:  # transport thread
             try:
-                data = json.loads(payload)
-            except (ValueError, RecursionError):
+                data = msgspec.json.decode(self.opened(topic, payload, EXECUTOR_ROLES))
+            except (msgspec.DecodeError, RecursionError, Refused) as err:
+                _log.debug("ignored feedback on %s: %r", topic, err)
                 return
             loop.call_soon_threadsafe(on_feedback, data)
 
-        def ended(_topic: str, _payload: bytes) -> None:
+        def ended(topic: str, payload: bytes) -> None:
+            try:
+                self.opened(topic, payload, QUEUE_ROLES)
+            except Refused:
+                return
             loop.call_soon_threadsafe(on_end)
 
         subs = [
@@ -264,12 +299,14 @@ class ServiceWorker(WorkerLink):
             raise QueueUnavailable(str(err)) from err
 
     def _accept(self, payload: bytes, on_pushed: Callable[[list[Lease]], None]) -> None:
-        """Leases the service pushed (loop thread); malformed ones are logged and left to their
-        lease expiry (then retried elsewhere)."""
+        """Leases the service pushed (loop thread); malformed or refused ones are logged and left
+        to their lease expiry (then retried elsewhere)."""
+        channel = f"actions/assign/{self.spec.name}"
         try:
-            raws = msgspec.json.decode(payload, type=list[msgspec.Raw])
-        except (msgspec.DecodeError, msgspec.ValidationError) as err:
-            _log.warning("bad push to %s: %s", self.spec.name, err)
+            body = self.queue.opened(channel, payload, QUEUE_ROLES)
+            raws = msgspec.json.decode(body, type=list[msgspec.Raw])
+        except (msgspec.DecodeError, msgspec.ValidationError, RecursionError, Refused) as err:
+            _log.warning("bad push to %s: %r", self.spec.name, err)
             return
         leases = []
         for raw in raws:
@@ -322,7 +359,8 @@ class ServiceWorker(WorkerLink):
 
     def feedback(self, lease: Lease, data: bytes) -> None:
         try:
-            self.queue.transport.notify(f"actions/fb/{lease.id}", data)
+            topic = f"actions/fb/{lease.id}"
+            self.queue.transport.notify(topic, self.queue.seal(topic, data))
         except BusConnectionError as err:  # best effort
             _log.debug("feedback of %s not sent: %s", lease.id, err)
 

@@ -24,6 +24,7 @@ from embodied_bus.actions.remote import QUEUE_GROUP, SERVICE
 from embodied_bus.actions.store import DEFAULT_KEEP_ENDED, ActionStore
 from embodied_bus.bus import Bus
 from embodied_bus.errors import EmbodiedBusError
+from embodied_bus.security.seal import Sealer, Trust
 
 __all__ = ["PRUNE_S", "SWEEP_S", "QueueService"]
 
@@ -52,15 +53,15 @@ class _BusEvents:
         except EmbodiedBusError as err:  # closing: results are stored, leases expire
             _log.debug("%s not sent: %s", topic, err)
 
-    def result(self, action_id: str, envelope: bytes) -> None:
-        self._notify(f"actions/result/{action_id}", envelope)
+    def result(self, action_id: str, payload: bytes) -> None:
+        self._notify(f"actions/result/{action_id}", payload)
 
     def wake(self, kind: str) -> None:
         self._notify(f"actions/wake/{kind}", b"")
 
-    def push(self, executor: str, envelopes: list[bytes]) -> None:
+    def push(self, executor: str, payload: bytes) -> None:
         # block: a push dropped under congestion would wait for its lease to expire
-        self._notify(f"actions/assign/{executor}", b"[" + b",".join(envelopes) + b"]", block=True)
+        self._notify(f"actions/assign/{executor}", payload, block=True)
 
 
 class QueueService:
@@ -73,6 +74,10 @@ class QueueService:
         keep_ended: Ended actions (succeeded or canceled) kept for planners that look them up
             later: the newest this many by submit order; older ones are deleted every
             :data:`PRUNE_S` seconds (dead letters stay until requeued or purged).
+        sealer: Seal replies, results and pushes with the queue's key.
+        trust: Answer only requests sealed by known parties (planners for planner requests, an
+            executor's own key for its requests); others are refused and counted
+            (:attr:`refused`). An executor counts as live only once it proved who it is.
     """
 
     def __init__(
@@ -82,10 +87,16 @@ class QueueService:
         policy: RetryPolicy = DEFAULT_RETRY,
         *,
         keep_ended: int = DEFAULT_KEEP_ENDED,
+        sealer: Sealer | None = None,
+        trust: Trust | None = None,
     ) -> None:
         self.bus = bus
         self.core = QueueCore(
-            ActionStore(db_path, policy, keep_ended=keep_ended), _BusEvents(bus), loss_grace_s=LOSS_GRACE_S
+            ActionStore(db_path, policy, keep_ended=keep_ended),
+            _BusEvents(bus),
+            loss_grace_s=LOSS_GRACE_S,
+            sealer=sealer,
+            trust=trust,
         )
 
     @property
@@ -97,6 +108,11 @@ class QueueService:
     def bad_requests(self) -> int:
         """Requests answered with an error (malformed, invalid or oversized)."""
         return self.core.bad_requests
+
+    @property
+    def refused(self) -> int:
+        """Requests and executor-group changes refused: not sealed by a party allowed to make them."""
+        return self.core.refused
 
     @property
     def pushed(self) -> int:

@@ -7,8 +7,10 @@ import asyncio
 import importlib
 import json
 import math
+import os
 import sys
 import time
+from pathlib import Path
 from typing import Any
 
 from embodied_bus.actions import DEFAULT_RETRY, ActionError, Executor, Planner, QueueService, RetryPolicy
@@ -17,7 +19,7 @@ from embodied_bus.actions.store import DEFAULT_KEEP_ENDED
 from embodied_bus.bus import Bus, open_bus
 from embodied_bus.cli.common import add_bus_args, add_metrics_arg, fmt_table, install_stop_signals
 from embodied_bus.errors import BusConfigError
-from embodied_bus.security import Signer, Verifier, load_allow_list, load_private_key
+from embodied_bus.security import Sealer, Signer, Trust, Verifier, WatchedAllowList, load_private_key
 
 __all__ = ["ActionsView", "add_parsers", "load_handlers"]
 
@@ -35,6 +37,7 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-a
         help=f"ended actions (succeeded, canceled) kept for planners that look them up later: the "
         f"newest N; older ones are deleted (default {DEFAULT_KEEP_ENDED}; dead letters stay until purged)",
     )
+    _add_credentials(p)
     add_metrics_arg(p)  # the backlog as Prometheus gauges, and as JSON on /backlog (autoscalers)
     p.set_defaults(func=run_queue)
 
@@ -63,7 +66,13 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-a
         default=None,
         help="run only actions signed by a key this allow-list permits for their kind (see 'keys')",
     )
-    p.add_argument("--nonce-db", default=None, help="SQLite file of seen nonces (default: in memory)")
+    p.add_argument(
+        "--nonce-db",
+        default=None,
+        help="SQLite file of the signature nonces seen, kept across restarts (default, with --allow: "
+        "nonces-<namespace>.db under $XDG_STATE_HOME/embodied_bus or ~/.local/state/embodied_bus)",
+    )
+    _add_credentials(p)
     _add_retry_args(p, "Pulsar: ")
     _add_connect_timeout(p, "the broker or the queue service", None)
     add_metrics_arg(p)  # completed / failed / running actions of this executor
@@ -81,12 +90,14 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-a
     p.add_argument("--sign", metavar="KEY.pem", default=None, help="sign the action with this private key")
     p.add_argument("--ttl", type=float, default=60.0, help="signature lifetime in seconds (retries included)")
     _add_connect_timeout(p, "the broker or the queue service", 30.0)
+    _add_credentials(p)
     p.set_defaults(func=run_send)
 
     p = sub.add_parser("dlq", help="dead-letter queue: list | show ID | requeue ID | purge")
     p.add_argument("what", choices=["list", "show", "requeue", "purge"])
     p.add_argument("id", nargs="?")
     add_bus_args(p)
+    _add_credentials(p)
     p.set_defaults(func=run_dlq)
 
     p = sub.add_parser(
@@ -97,8 +108,43 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-a
         "--duration", type=float, default=0.0, help="stop after this many seconds (default: never)"
     )
     p.add_argument("--json", action="store_true", help="print one JSON document per refresh")
+    _add_credentials(p)
     add_metrics_arg(p)  # also serves the backlog as JSON on /backlog (KEDA's metrics-api scaler)
     p.set_defaults(func=run_actions)
+
+
+def _add_credentials(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
+        "--seal",
+        metavar="KEY.pem",
+        default=None,
+        help="seal this process's queue messages with this private key (a Zenoh queue service that "
+        "trusts known parties only answers sealed requests)",
+    )
+    p.add_argument(
+        "--trust",
+        metavar="ALLOW.yaml",
+        default=None,
+        help="believe only queue messages sealed by keys of this allow-list, with the roles they need "
+        "(re-read while it changes: revoking a key takes effect within a second)",
+    )
+
+
+def _credentials(args: argparse.Namespace) -> tuple[Sealer | None, Trust | None]:
+    """The ``--seal`` and ``--trust`` of a command."""
+    sealer = Sealer(load_private_key(args.seal)) if args.seal else None
+    trust = Trust(WatchedAllowList(args.trust)) if args.trust else None
+    return sealer, trust
+
+
+def _nonce_db(args: argparse.Namespace, namespace: str) -> Path:
+    """Where an executor keeps the signature nonces it saw (across restarts)."""
+    if args.nonce_db:
+        return Path(args.nonce_db)
+    base = os.environ.get("XDG_STATE_HOME") or str(Path.home() / ".local" / "state")
+    folder = Path(base) / "embodied_bus"
+    folder.mkdir(parents=True, exist_ok=True)
+    return folder / f"nonces-{namespace}.db"
 
 
 def _add_retry_args(p: argparse.ArgumentParser, where: str = "") -> None:
@@ -168,7 +214,10 @@ async def run_queue(args: argparse.Namespace) -> int:
                 "directly (see embodied_bus.actions.pulsar_queue); run `embodied-bus queue` on Zenoh"
             )
         ready = asyncio.Event()
-        service = QueueService(bus, args.db, _policy(args), keep_ended=args.keep_ended)
+        sealer, trust = _credentials(args)
+        service = QueueService(
+            bus, args.db, _policy(args), keep_ended=args.keep_ended, sealer=sealer, trust=trust
+        )
         task = asyncio.create_task(service.run(stop, ready))
         await ready.wait()
         print(f"action queue serving on {args.bus} (db {args.db})", flush=True)
@@ -217,10 +266,13 @@ async def run_executor(args: argparse.Namespace) -> int:
     install_stop_signals(stop)
     async with open_bus(args.bus, namespace=args.ns, wait_s=_wait_s(args)) as bus:
         verifier = (
-            Verifier(load_allow_list(args.allow), audience=bus.namespace, nonce_db=args.nonce_db)
+            Verifier(
+                WatchedAllowList(args.allow), audience=bus.namespace, nonce_db=_nonce_db(args, bus.namespace)
+            )
             if args.allow
             else None
         )
+        sealer, trust = _credentials(args)
         ex = Executor(
             bus,
             args.name,
@@ -230,6 +282,8 @@ async def run_executor(args: argparse.Namespace) -> int:
             verifier=verifier,
             policy=_policy(args),
             connect_timeout_s=args.connect_timeout,
+            sealer=sealer,
+            trust=trust,
         )
         for kind, fn in handlers.items():
             ex.handler(kind)(fn)
@@ -259,7 +313,10 @@ async def run_send(args: argparse.Namespace) -> int:
         signer = (
             Signer(load_private_key(args.sign), ttl_s=args.ttl, audience=bus.namespace) if args.sign else None
         )
-        async with Planner(bus, signer=signer, connect_timeout_s=_wait_s(args)) as planner:
+        sealer, trust = _credentials(args)
+        async with Planner(
+            bus, signer=signer, connect_timeout_s=_wait_s(args), sealer=sealer, trust=trust
+        ) as planner:
             return await _send(args, bus, planner, payload)
 
 
@@ -322,7 +379,11 @@ async def _warn_without_executor(bus: Bus, kind: str) -> None:
 
 
 async def run_dlq(args: argparse.Namespace) -> int:
-    async with open_bus(args.bus, namespace=args.ns) as bus, Planner(bus) as planner:
+    sealer, trust = _credentials(args)
+    async with (
+        open_bus(args.bus, namespace=args.ns) as bus,
+        Planner(bus, sealer=sealer, trust=trust) as planner,
+    ):
         if args.what in ("show", "requeue") and not args.id:
             raise BusConfigError(f"dlq {args.what} needs an action id")
         if args.what == "list":
@@ -445,7 +506,11 @@ async def run_actions(args: argparse.Namespace) -> int:
             f"metrics on :{exporter.port}/metrics, backlog JSON on :{exporter.port}/backlog", file=sys.stderr
         )
     try:
-        async with open_bus(args.bus, namespace=args.ns) as bus, Planner(bus) as planner:
+        sealer, trust = _credentials(args)
+        async with (
+            open_bus(args.bus, namespace=args.ns) as bus,
+            Planner(bus, sealer=sealer, trust=trust) as planner,
+        ):
             while not stop.is_set():
                 shown = view.update(await planner.backlog(), time.monotonic())
                 latest.clear()

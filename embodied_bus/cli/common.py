@@ -7,7 +7,7 @@ import asyncio
 import logging
 import os
 import signal
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from typing import TYPE_CHECKING, Any
 
 from embodied_bus.engines.urls import DEFAULT_URL
@@ -17,7 +17,14 @@ if TYPE_CHECKING:
     from embodied_bus.actions.queue import Backlog
     from embodied_bus.bus import Bus
 
-__all__ = ["add_bus_args", "add_metrics_arg", "fmt_table", "install_stop_signals", "queue_backlog"]
+__all__ = [
+    "add_bus_args",
+    "add_metrics_arg",
+    "fmt_table",
+    "install_stop_signals",
+    "queue_backlog",
+    "serve_until",
+]
 
 
 async def queue_backlog(bus: Bus, timeout_s: float) -> Backlog | None:
@@ -70,6 +77,42 @@ def install_stop_signals(stop: asyncio.Event) -> None:
             loop.add_signal_handler(sig, stop.set)
         except (NotImplementedError, RuntimeError):
             pass
+
+
+async def serve_until(
+    stop: asyncio.Event,
+    tasks: Iterable[asyncio.Future[Any]],
+    *,
+    duration_s: float = 0.0,
+    every_s: float = 1.0,
+    on_tick: Callable[[], None] | None = None,
+) -> None:
+    """Wait until ``stop`` is set, ``duration_s`` has passed (0: no limit) or one of ``tasks``
+    (the command's workers) ended. A worker that ended with an error sets ``stop`` and raises
+    that error, so the command exits non-zero naming it instead of staying up doing nothing.
+    ``on_tick`` is called every ``every_s`` seconds meanwhile (live status lines).
+
+    Raises:
+        BaseException: The error a worker ended with.
+    """
+    watched = list(tasks)
+    loop = asyncio.get_running_loop()
+    end = loop.time() + duration_s if duration_s else None
+    stopping = asyncio.ensure_future(stop.wait())
+    try:
+        while not stop.is_set():
+            wait_s = every_s if end is None else max(0.0, min(every_s, end - loop.time()))
+            await asyncio.wait([stopping, *watched], timeout=wait_s, return_when=asyncio.FIRST_COMPLETED)
+            for t in watched:
+                if t.done() and not t.cancelled() and t.exception() is not None:
+                    stop.set()
+                    raise t.exception()  # type: ignore[misc]
+            if any(t.done() for t in watched) or (end is not None and loop.time() >= end):
+                stop.set()
+            elif on_tick is not None and not stop.is_set():
+                on_tick()
+    finally:
+        stopping.cancel()
 
 
 def fmt_ms(value: float | None) -> str:

@@ -6,11 +6,10 @@ import argparse
 import asyncio
 import json
 import sys
-import time
 from typing import IO
 
 from embodied_bus.bus import open_bus
-from embodied_bus.cli.common import add_bus_args, add_metrics_arg, fmt_ms, install_stop_signals
+from embodied_bus.cli.common import add_bus_args, add_metrics_arg, fmt_ms, install_stop_signals, serve_until
 from embodied_bus.fusion.codec import frame_summary
 from embodied_bus.fusion.frame import MultiModalFrame
 from embodied_bus.fusion.spec import load_spec
@@ -62,31 +61,32 @@ async def run(args: argparse.Namespace) -> int:
                 exporter.add_fusion(worker.summary)
             task = asyncio.create_task(worker.run(stop))
             stage_tasks = [asyncio.create_task(run_stage(bus, st, stop)) for st in stages]
-            t0 = time.monotonic()
-            await worker.ready.wait()
-            if not args.json:
+            ready = asyncio.ensure_future(worker.ready.wait())
+            await asyncio.wait([task, ready], return_when=asyncio.FIRST_COMPLETED)
+            ready.cancel()
+            if not args.json and not task.done():
                 print(
                     f"fusing {', '.join(s.name for s in spec.streams)} -> {frames_stream(spec)} "
                     f"on {args.bus}",
                     flush=True,
                 )
-            while not stop.is_set():
-                try:
-                    await asyncio.wait_for(stop.wait(), 2.0)
-                except TimeoutError:
-                    pass
-                if args.duration and time.monotonic() - t0 >= args.duration:
-                    stop.set()
-                if not args.json and not stop.is_set():
-                    m = worker.metrics.as_dict()
-                    print(
-                        f"frames {m['frames']} ({m['frames_per_s']}/s)  complete {m['completeness_pct']}%  "
-                        f"skew p99 {fmt_ms(m['skew_p99_ms'])}  "
-                        f"added p99 {m['added_latency_on_completion_p99_ms']} ms on completion "
-                        f"({m['added_latency_p99_ms']} ms with {m['forced']} forced)  "
-                        f"late {m['late']}",
-                        flush=True,
-                    )
+
+            def status() -> None:
+                if args.json:
+                    return
+                m = worker.metrics.as_dict()
+                print(
+                    f"frames {m['frames']} ({m['frames_per_s']}/s)  complete {m['completeness_pct']}%  "
+                    f"skew p99 {fmt_ms(m['skew_p99_ms'])}  "
+                    f"added p99 {m['added_latency_on_completion_p99_ms']} ms on completion "
+                    f"({m['added_latency_p99_ms']} ms with {m['forced']} forced)  "
+                    f"late {m['late']}",
+                    flush=True,
+                )
+
+            await serve_until(
+                stop, [task, *stage_tasks], duration_s=args.duration, every_s=2.0, on_tick=status
+            )
             await task
             await asyncio.gather(*stage_tasks)
             summary = worker.summary()

@@ -1,7 +1,9 @@
-"""``embodied-bus keys``: planner signing keys and the executors' allow-list.
+"""``embodied-bus keys``: keys of planners, executors and the queue service, and the allow-list.
 
 embodied-bus keys generate ops-planner                      # ops-planner.pem (0600) + ops-planner.pub
 embodied-bus keys allow ops-planner.pub --kinds navigate_to,dock --allow-list allow.yaml
+embodied-bus keys allow arm-left.pub --role executor --allow-list allow.yaml
+embodied-bus keys allow queue.pub --role queue --allow-list allow.yaml
 embodied-bus keys rotate ops-planner --allow-list allow.yaml --grace 300
 embodied-bus keys revoke KEY_ID --allow-list allow.yaml
 embodied-bus keys list --allow-list allow.yaml
@@ -20,6 +22,7 @@ from embodied_bus.security import (
     AllowedKey,
     AllowList,
     KeyFileError,
+    Role,
     generate_private_key,
     key_id,
     load_allow_list,
@@ -34,7 +37,9 @@ __all__ = ["add_parser"]
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
-    p = sub.add_parser("keys", help="signing keys for actions: generate, allow, rotate, revoke, list")
+    p = sub.add_parser(
+        "keys", help="keys of planners, executors and the queue: generate, allow, rotate, revoke, list"
+    )
     ks = p.add_subparsers(dest="keys_command", metavar="KEYS_COMMAND", required=True)
 
     g = ks.add_parser("generate", help="new Ed25519 key: NAME.pem (private, 0600) and NAME.pub")
@@ -42,9 +47,21 @@ def add_parser(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-ar
     g.add_argument("--dir", default=".", help="where to write the files (default: .)")
     g.set_defaults(func=run_generate)
 
-    a = ks.add_parser("allow", help="allow a public key (NAME.pub or base64) to send some kinds")
+    a = ks.add_parser("allow", help="allow a public key (NAME.pub or base64) a role")
     a.add_argument("public_key", help="a .pub file or the base64 key")
-    a.add_argument("--kinds", required=True, help="comma-separated action kinds, or '*'")
+    a.add_argument(
+        "--role",
+        action="append",
+        choices=[r.value for r in Role],
+        default=None,
+        help="what the key may do (repeatable; default planner)",
+    )
+    a.add_argument("--kinds", default=None, help="planner: comma-separated action kinds it may sign, or '*'")
+    a.add_argument(
+        "--executors",
+        default=None,
+        help="executor: comma-separated executor names it may act as (default: NAME)",
+    )
     a.add_argument("--name", default=None, help="label in the allow-list (default: file stem)")
     a.add_argument("--allow-list", required=True, metavar="ALLOW.yaml")
     a.set_defaults(func=run_allow)
@@ -84,14 +101,22 @@ async def run_allow(args: argparse.Namespace) -> int:
     src = Path(args.public_key)
     b64 = src.read_text().strip() if src.exists() else args.public_key
     load_public_key(b64)
-    kinds = [k.strip() for k in args.kinds.split(",") if k.strip()]
-    if not kinds:
-        raise KeyFileError("--kinds: give at least one action kind (or '*')")
+    roles = frozenset(Role(r) for r in (args.role or [Role.PLANNER.value]))
+    kinds = _split(args.kinds)
+    if Role.PLANNER in roles and not kinds:
+        raise KeyFileError("--kinds: a planner key needs at least one action kind (or '*')")
     name = args.name or (src.stem if src.exists() else key_id(load_public_key(b64)))
-    allow = _allow(args.allow_list).add(AllowedKey(name, b64, frozenset(kinds)))
-    save_allow_list(allow, args.allow_list)
-    print(f"allowed {name} ({key_id(load_public_key(b64))}) to send {', '.join(sorted(kinds))}")
+    entry = AllowedKey(name, b64, frozenset(kinds), 0, roles, frozenset(_split(args.executors)))
+    save_allow_list(_allow(args.allow_list).add(entry), args.allow_list)
+    what = ", ".join(sorted(r.value for r in roles)) + (
+        f" sending {', '.join(sorted(kinds))}" if kinds else ""
+    )
+    print(f"allowed {name} ({key_id(load_public_key(b64))}): {what}")
     return 0
+
+
+def _split(text: str | None) -> list[str]:
+    return [k.strip() for k in (text or "").split(",") if k.strip()]
 
 
 async def run_rotate(args: argparse.Namespace) -> int:
@@ -111,7 +136,7 @@ async def run_rotate(args: argparse.Namespace) -> int:
         dataclasses.replace(k, name=f"{k.name}@{key_id(old)}", not_after_ns=not_after) if k is entry else k
         for k in allow.keys
     ]
-    keys.append(AllowedKey(entry.name, public_key_b64(new), entry.kinds))
+    keys.append(dataclasses.replace(entry, public_key=public_key_b64(new), not_after_ns=0))
     save_allow_list(AllowList(keys), args.allow_list)
     print(
         f"rotated {args.name}: new key {key_id(new)}; "
@@ -132,13 +157,14 @@ async def run_revoke(args: argparse.Namespace) -> int:
 
 async def run_list(args: argparse.Namespace) -> int:
     rows = [
-        {"name": k.name, "key_id": k.key_id, "kinds": ",".join(sorted(k.kinds)),
+        {"name": k.name, "key_id": k.key_id, "roles": ",".join(sorted(r.value for r in k.roles)),
+         "kinds": ",".join(sorted(k.kinds)), "executors": ",".join(sorted(k.executors)) or None,
          "not_after_ns": k.not_after_ns or None}
         for k in load_allow_list(args.allow_list).keys
     ]  # fmt: skip
     print(
         json.dumps(rows, indent=2)
         if args.json
-        else fmt_table(rows, ["name", "key_id", "kinds", "not_after_ns"])
+        else fmt_table(rows, ["name", "key_id", "roles", "kinds", "executors", "not_after_ns"])
     )
     return 0

@@ -7,7 +7,7 @@ import asyncio
 import json
 
 from embodied_bus.bus import open_bus
-from embodied_bus.cli.common import add_bus_args, install_stop_signals
+from embodied_bus.cli.common import add_bus_args, install_stop_signals, serve_until
 from embodied_bus.replay.recorder import record
 
 __all__ = ["add_parser"]
@@ -34,11 +34,7 @@ async def run(args: argparse.Namespace) -> int:
         task = asyncio.create_task(record(bus, args.out, streams, stop, ready=ready))
         await ready.wait()
         print(f"recording {', '.join(streams) if streams else 'every stream'} to {args.out}", flush=True)
-        if args.duration:
-            try:
-                await asyncio.wait_for(stop.wait(), args.duration)
-            except TimeoutError:
-                stop.set()
+        await serve_until(stop, [task], duration_s=args.duration)
         counts = await task
     print(json.dumps({"out": args.out, "messages": counts}))
     return 0

@@ -7,11 +7,10 @@ import asyncio
 import dataclasses
 import json
 import os
-import time
 
 from embodied_bus.actions.client import Planner
 from embodied_bus.bus import open_bus
-from embodied_bus.cli.common import install_stop_signals
+from embodied_bus.cli.common import install_stop_signals, serve_until
 from embodied_bus.engines.urls import DEFAULT_URL
 from embodied_bus.fusion.worker import FusionWorker
 from embodied_bus.ros.config import load_robot_config
@@ -82,21 +81,17 @@ async def run(args: argparse.Namespace) -> int:
                     f"{where}; bus {url}",
                     flush=True,
                 )
-            t0 = time.monotonic()
-            while not stop.is_set():
-                try:
-                    await asyncio.wait_for(stop.wait(), 2.0)
-                except TimeoutError:
-                    pass
-                if args.duration and time.monotonic() - t0 >= args.duration:
-                    stop.set()
-                if not args.json and not stop.is_set():
+
+            def status() -> None:
+                if not args.json:
                     c = bridge.counters
                     print(
                         f"from ROS {sum(c.from_ros.values())}  to ROS {sum(c.to_ros.values())}  "
                         f"frames {c.frames}  rejected {dict(c.rejected)}",
                         flush=True,
                     )
+
+            await serve_until(stop, tasks, duration_s=args.duration, every_s=2.0, on_tick=status)
             stop.set()
             summary = bridge.counters.as_dict()
         await asyncio.gather(*tasks, return_exceptions=True)

@@ -7,7 +7,7 @@ import asyncio
 import json
 
 from embodied_bus.bus import open_bus
-from embodied_bus.cli.common import add_bus_args, install_stop_signals
+from embodied_bus.cli.common import add_bus_args, install_stop_signals, serve_until
 from embodied_bus.fusion.stages import load_stages, run_stage
 
 __all__ = ["add_parser"]
@@ -31,11 +31,7 @@ async def run(args: argparse.Namespace) -> int:
     async with open_bus(args.bus, namespace=args.ns) as bus:
         tasks = [asyncio.create_task(run_stage(bus, s, stop)) for s in specs]
         print(f"running {', '.join(s.name for s in specs)} on {args.bus}", flush=True)
-        if args.duration:
-            try:
-                await asyncio.wait_for(stop.wait(), args.duration)
-            except TimeoutError:
-                stop.set()
+        await serve_until(stop, tasks, duration_s=args.duration)
         results = await asyncio.gather(*tasks)
     print(
         json.dumps(

@@ -67,6 +67,12 @@ SHM_POOL_BYTES = 32 * 1024 * 1024
 #: first such payload, in ``/dev/shm``, only if that has room for twice the pool; when the
 #: pool is full a payload goes the ordinary way (Zenoh copies it), the publisher never waits.
 SHM_POOL_SAMPLES = 8
+#: ... but never more than this many bytes: memory a publisher maps for its pool stays bounded
+#: whatever size its first large payload has.
+SHM_POOL_MAX_BYTES = 128 * 1024 * 1024
+#: Payloads larger than this go the ordinary way (Zenoh copies them once), not through the
+#: pool: a rare huge sample costs its own size, not a pool sized for eight of it.
+SHM_MAX_PAYLOAD_BYTES = 16 * 1024 * 1024
 #: Payloads at least this large are copied out of Zenoh by the consuming thread, not by
 #: Zenoh's receive thread. Zenoh reassembles messages above its 64 KiB batch into their own
 #: buffer (or hands over a shared-memory segment), so holding one pins no receive batch; a
@@ -126,6 +132,33 @@ _SHM_POOL_KEY = "transport/shared_memory/transport_optimization/pool_size"
 _SHM_ENABLED_KEY = "transport/shared_memory/enabled"
 
 
+_LISTEN_KEY = "listen/endpoints"
+#: What Zenoh listens on when nobody said (a plaintext port on every interface, for peers).
+_DEFAULT_LISTEN = zenoh.Config().get_json(_LISTEN_KEY)
+
+
+def _secured(settings: ZenohSettings) -> bool:
+    """TLS settings or a config file (access control, TLS): a plaintext default listener would
+    be a side door around them. Plain peers keep Zenoh's default and mesh with each other."""
+    return bool(settings.tls_ca or settings.tls_cert or settings.mtls or settings.config_file)
+
+
+def _check_tls_endpoints(settings: ZenohSettings) -> None:
+    """A bus with TLS settings listens and connects on TLS endpoints only.
+
+    Raises:
+        BusConfigError: A plaintext endpoint beside TLS settings (named).
+    """
+    if not (settings.tls_ca or settings.tls_cert or settings.mtls):
+        return
+    plain = [e for e in (*settings.listen, *settings.connect) if not e.startswith(("tls/", "quic/"))]
+    if plain:
+        raise BusConfigError(
+            f"a TLS bus uses tls/ (or quic/) endpoints only; remove the plaintext endpoint(s) {plain} "
+            "or open a second bus for them"
+        )
+
+
 def build_zenoh_config(settings: ZenohSettings) -> zenoh.Config:
     """Translate settings into a Zenoh config.
 
@@ -136,8 +169,15 @@ def build_zenoh_config(settings: ZenohSettings) -> zenoh.Config:
         cfg = zenoh.Config.from_file(settings.config_file) if settings.config_file else zenoh.Config()
         cfg.insert_json5("mode", json.dumps(settings.mode))
         cfg.insert_json5("scouting/multicast/enabled", json.dumps(settings.multicast_scouting))
+        _check_tls_endpoints(settings)
         if settings.listen:
             cfg.insert_json5("listen/endpoints", json.dumps(list(settings.listen)))
+        elif (
+            _secured(settings) and settings.mode != "router" and cfg.get_json(_LISTEN_KEY) == _DEFAULT_LISTEN
+        ):
+            # a secured peer or client listens only where it is told: Zenoh's own default would
+            # open a plaintext port on every interface beside its TLS endpoints or access control
+            cfg.insert_json5(_LISTEN_KEY, "[]")
         if settings.connect:
             cfg.insert_json5("connect/endpoints", json.dumps(list(settings.connect)))
             cfg.insert_json5("connect/timeout_ms", str(int(settings.connect_timeout_s * 1000)))
@@ -379,7 +419,7 @@ def _shm_pool_bytes(payload_bytes: int) -> int | None:
     :data:`SHM_POOL_SAMPLES`; smaller (a quarter of the free room) where ``/dev/shm`` is
     small, e.g. a container's 64 MiB, so that pools never fill it (a process that writes into a
     full ``/dev/shm`` gets SIGBUS); None if not even two payloads would fit."""
-    want = max(SHM_POOL_BYTES, SHM_POOL_SAMPLES * payload_bytes)
+    want = min(SHM_POOL_MAX_BYTES, max(SHM_POOL_BYTES, SHM_POOL_SAMPLES * payload_bytes))
     try:
         st = os.statvfs(_SHM_DIR)
     except OSError:  # no /dev/shm to look at (not Linux): Zenoh decides
@@ -603,7 +643,7 @@ class _ZenohPublisher(EnginePublisher):
         own pool on the way to a process of this host), or put the ordinary way if the pool is
         full or cannot be had."""
         threshold = self._shm_threshold
-        if threshold is not None and len(payload) >= threshold:
+        if threshold is not None and threshold <= len(payload) <= SHM_MAX_PAYLOAD_BYTES:
             buf = self._shm_copy(payload)
             if buf is not None:
                 self._put(buf, attachment=with_header_flags(attachment, HeaderFlags.SHM))

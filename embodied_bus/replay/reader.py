@@ -30,6 +30,10 @@ __all__ = [
 ]
 
 
+#: What rosbags raises on a damaged or truncated file while opening it (beside its own errors).
+_OPEN_ERRORS = (OSError, ValueError, KeyError, TypeError, IndexError, EOFError, struct.error)
+
+
 class RecordingError(EmbodiedBusError):
     """A recording cannot be opened or read."""
 
@@ -155,8 +159,8 @@ def read_recording(
     try:
         reader = AnyReader(plist, default_typestore=typestore())
         reader.open()
-    except (AnyReaderError, OSError, ValueError, KeyError) as err:
-        raise RecordingError(f"cannot open recording {', '.join(map(str, plist))}: {err}") from err
+    except (AnyReaderError, *_OPEN_ERRORS) as err:
+        raise RecordingError(f"cannot open recording {', '.join(map(str, plist))}: {err!r}") from err
     try:
         if on_open is not None:
             on_open(_info_of(reader))
@@ -327,5 +331,5 @@ def recording_info(paths: Sequence[str | Path] | str | Path) -> RecordingInfo:
     try:
         with AnyReader(plist, default_typestore=typestore()) as r:
             return _info_of(r)
-    except (AnyReaderError, OSError, ValueError, KeyError) as err:
-        raise RecordingError(f"cannot open recording {', '.join(map(str, plist))}: {err}") from err
+    except (AnyReaderError, *_OPEN_ERRORS) as err:
+        raise RecordingError(f"cannot open recording {', '.join(map(str, plist))}: {err!r}") from err

@@ -26,32 +26,33 @@ import sqlite3
 import threading
 import time
 from collections import Counter
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
-import yaml
 from cryptography.exceptions import InvalidSignature
-from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey, Ed25519PublicKey
+from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
 from embodied_bus.actions.model import Action
 from embodied_bus.errors import EmbodiedBusError
-from embodied_bus.security.keys import KeyFileError, key_id, load_public_key, public_key_b64
+from embodied_bus.security.allowlist import AllowList, WatchedAllowList
+from embodied_bus.security.keys import key_id
 
 __all__ = [
+    "ANY_AUDIENCE",
     "DEFAULT_MAX_TTL_S",
     "DEFAULT_TTL_S",
     "ActionRejected",
-    "AllowList",
-    "AllowedKey",
     "RejectReason",
     "SecurityError",
     "Signer",
     "Verifier",
-    "load_allow_list",
-    "save_allow_list",
     "signed_bytes",
 ]
+
+#: ``Signer(audience=ANY_AUDIENCE)``: a signature every robot that allows the key accepts, where
+#: the robot's verifier allows that (``Verifier(accept_any_audience=True)``).
+ANY_AUDIENCE = "*"
 
 #: Default lifetime of a signature, seconds.
 DEFAULT_TTL_S = 60.0
@@ -111,7 +112,10 @@ class Signer:
     Args:
         private_key: The planner's Ed25519 key.
         ttl_s: Seconds a signature stays valid (retries included).
-        audience: Bus namespace the action is meant for (None: any robot that allows the key).
+        audience: The bus namespace (robot) the actions are meant for. None: a
+            :class:`~embodied_bus.actions.Planner` fills in its bus's namespace; :meth:`sign` on
+            its own refuses. :data:`ANY_AUDIENCE` signs for every robot that allows the key, and
+            only robots whose verifier accepts that run it.
     """
 
     private_key: Ed25519PrivateKey
@@ -125,118 +129,22 @@ class Signer:
 
     def sign(self, action: Action, *, now_ns: int | None = None) -> Action:
         """A copy of ``action`` with a fresh nonce, an expiry and the signature."""
+        if self.audience is None:
+            raise SecurityError(
+                "Signer has no audience: give audience=<the robot's bus namespace> (or ANY_AUDIENCE "
+                "to sign for every robot that allows the key)"
+            )
         now = time.time_ns() if now_ns is None else now_ns
         auth: dict[str, Any] = {
             "v": 1,
             "key": self.key_id,
             "nonce": secrets.token_hex(16),
             "expires_ns": now + int(self.ttl_s * 1e9),
-            "aud": self.audience,
+            "aud": None if self.audience == ANY_AUDIENCE else self.audience,
         }
         sig = self.private_key.sign(signed_bytes(action, auth))
         auth["sig"] = base64.b64encode(sig).decode()
         return replace(action, auth=auth)
-
-
-@dataclass(frozen=True)
-class AllowedKey:
-    """One planner key in the allow-list.
-
-    Attributes:
-        name: A label (e.g. ``ops-planner``).
-        public_key: Base64 raw Ed25519 public key.
-        kinds: Action kinds it may send (``*``: all).
-        not_after_ns: The key stops being accepted at this UTC ns (set by rotation); 0 = never.
-    """
-
-    name: str
-    public_key: str
-    kinds: frozenset[str]
-    not_after_ns: int = 0
-
-    @property
-    def key_id(self) -> str:
-        """Fingerprint of the public key."""
-        return key_id(load_public_key(self.public_key))
-
-    def allows(self, kind: str) -> bool:
-        """True if this key may send ``kind``."""
-        return "*" in self.kinds or kind in self.kinds
-
-
-@dataclass
-class AllowList:
-    """Which planner keys may send which action kinds."""
-
-    keys: list[AllowedKey] = field(default_factory=list)
-
-    def __post_init__(self) -> None:
-        self._by_id: dict[str, tuple[AllowedKey, Ed25519PublicKey]] = {}
-        for k in self.keys:
-            pub = load_public_key(k.public_key)
-            self._by_id[key_id(pub)] = (k, pub)
-
-    def lookup(self, kid: str) -> tuple[AllowedKey, Ed25519PublicKey] | None:
-        """The entry and public key for a key id, if listed."""
-        return self._by_id.get(kid)
-
-    def add(self, entry: AllowedKey) -> AllowList:
-        """A new list with ``entry`` added (an entry with the same public key is replaced)."""
-        keys = [k for k in self.keys if k.public_key != entry.public_key]
-        return AllowList([*keys, entry])
-
-
-def load_allow_list(path: str | Path) -> AllowList:
-    """Load ``keys: {name: {public_key: B64, kinds: [..], not_after_ns: N}}`` from YAML.
-
-    Raises:
-        KeyFileError: Unreadable file, bad YAML, or an invalid entry (named).
-    """
-    try:
-        doc = yaml.safe_load(Path(path).read_text()) or {}
-    except OSError as err:
-        raise KeyFileError(f"cannot read allow-list {str(path)!r}: {err}") from err
-    except yaml.YAMLError as err:
-        raise KeyFileError(f"allow-list {str(path)!r} is not valid YAML: {err}") from err
-    keys = doc.get("keys") if isinstance(doc, dict) else None
-    if not isinstance(keys, dict):
-        raise KeyFileError(f"{path}: expected a 'keys:' mapping of name to {{public_key, kinds}}")
-    out = []
-    for name, entry in keys.items():
-        if not isinstance(entry, dict) or not isinstance(entry.get("public_key"), str):
-            raise KeyFileError(f"{path}: keys.{name}.public_key: expected a base64 string")
-        kinds = entry.get("kinds", [])
-        if not isinstance(kinds, list) or not kinds or not all(isinstance(k, str) for k in kinds):
-            raise KeyFileError(
-                f"{path}: keys.{name}.kinds: expected a non-empty list of action kinds (or '*')"
-            )
-        not_after = entry.get("not_after_ns", 0)
-        if isinstance(not_after, bool) or not isinstance(not_after, int) or not_after < 0:
-            raise KeyFileError(f"{path}: keys.{name}.not_after_ns: expected UTC nanoseconds >= 0")
-        load_public_key(entry["public_key"])
-        out.append(AllowedKey(str(name), entry["public_key"], frozenset(kinds), not_after))
-    return AllowList(out)
-
-
-def save_allow_list(allow: AllowList, path: str | Path) -> None:
-    """Write an allow-list as YAML (atomically)."""
-    doc = {
-        "keys": {
-            k.name: {
-                "public_key": k.public_key,
-                "key_id": k.key_id,
-                "kinds": sorted(k.kinds),
-                **({"not_after_ns": k.not_after_ns} if k.not_after_ns else {}),
-            }
-            for k in allow.keys
-        }
-    }
-    p = Path(path)
-    tmp = p.with_suffix(p.suffix + ".tmp")
-    tmp.write_text(
-        "# embodied_bus allow-list: which planner keys may send which action kinds\n" + yaml.safe_dump(doc)
-    )
-    tmp.replace(p)
 
 
 class _NonceStore:
@@ -279,8 +187,10 @@ class Verifier:
     """Checks actions against an allow-list before an executor runs them.
 
     Args:
-        allow: The allow-list.
-        audience: This robot's bus namespace; actions signed for another audience are rejected.
+        allow: The allow-list (a :class:`WatchedAllowList` is re-read when its file changes).
+        audience: This robot's bus namespace; actions signed for another audience are rejected,
+            and so are those signed for any robot unless ``accept_any_audience``.
+        accept_any_audience: Also run actions signed for every robot (``ANY_AUDIENCE``).
         nonce_db: SQLite file for seen nonces (None: in memory; replay protection then restarts
             with the process, bounded by the signatures' expiry).
         max_ttl_s: Reject signatures valid for longer than this.
@@ -289,15 +199,17 @@ class Verifier:
 
     def __init__(
         self,
-        allow: AllowList,
+        allow: AllowList | WatchedAllowList,
         *,
         audience: str | None = None,
+        accept_any_audience: bool = False,
         nonce_db: str | Path | None = None,
         max_ttl_s: float = DEFAULT_MAX_TTL_S,
         clock_skew_s: float = DEFAULT_CLOCK_SKEW_S,
     ) -> None:
         self.allow = allow
         self.audience = audience
+        self.accept_any_audience = accept_any_audience
         self.max_ttl_ns = int(max_ttl_s * 1e9)
         self.skew_ns = int(clock_skew_s * 1e9)
         self._nonces = _NonceStore(Path(nonce_db) if nonce_db else None)
@@ -341,7 +253,7 @@ class Verifier:
         if found is None:
             raise self._reject(RejectReason.UNKNOWN_KEY, f"key {auth['key']} is not in the allow-list")
         entry, pub = found
-        if entry.not_after_ns and now > entry.not_after_ns:
+        if not entry.valid_at(now):
             raise self._reject(RejectReason.KEY_EXPIRED, f"key {entry.name} ({auth['key']}) was rotated out")
         if not entry.allows(action.kind):
             raise self._reject(
@@ -361,10 +273,17 @@ class Verifier:
             raise self._reject(
                 RejectReason.EXPIRY_TOO_FAR, f"signature valid for more than {self.max_ttl_ns / 1e9:.0f} s"
             )
-        if self.audience is not None and auth["aud"] not in (None, self.audience):
-            raise self._reject(
-                RejectReason.WRONG_AUDIENCE, f"signed for {auth['aud']!r}, this is {self.audience!r}"
-            )
+        if self.audience is not None and auth["aud"] != self.audience:
+            if auth["aud"] is not None:
+                raise self._reject(
+                    RejectReason.WRONG_AUDIENCE, f"signed for {auth['aud']!r}, this is {self.audience!r}"
+                )
+            if not self.accept_any_audience:
+                raise self._reject(
+                    RejectReason.WRONG_AUDIENCE,
+                    f"signed for every robot, and this one ({self.audience!r}) runs only actions "
+                    "signed for it",
+                )
         replay = self._nonces.check_and_record(
             auth["nonce"], action.id, auth["expires_ns"] + self.skew_ns, now
         )
@@ -377,8 +296,3 @@ class Verifier:
         """Remember that this signed action ran to completion (a later copy is a replay)."""
         if isinstance(action.auth, dict) and isinstance(action.auth.get("nonce"), str):
             self._nonces.mark_done(action.auth["nonce"])
-
-
-def public_entry(name: str, key: Ed25519PrivateKey | Ed25519PublicKey, kinds: list[str]) -> AllowedKey:
-    """An allow-list entry for a key."""
-    return AllowedKey(name, public_key_b64(key), frozenset(kinds))

@@ -43,6 +43,7 @@ from embodied_bus.actions.pulsar.topics import (
 from embodied_bus.actions.pulsar.worker import PulsarWorker
 from embodied_bus.actions.queue import ActionQueue, Backlog, ExecutorSpec, QueueOptions, Submitted, WorkerLink
 from embodied_bus.engines.pulsar_engine import PulsarEngine, close_handle
+from embodied_bus.errors import BusConfigError
 
 __all__ = ["PulsarQueue", "open_pulsar_queue"]
 
@@ -50,7 +51,18 @@ _log = logging.getLogger("embodied_bus.actions.pulsar")
 
 
 def open_pulsar_queue(bus: Any, options: QueueOptions) -> ActionQueue:
-    """The action queue of a Pulsar bus."""
+    """The action queue of a Pulsar bus.
+
+    Raises:
+        BusConfigError: Sealed queue messages were asked for: on Pulsar the broker
+            authenticates each party and authorizes it per topic (see the README's threat model).
+    """
+    if options.sealer is not None or options.trust is not None:
+        raise BusConfigError(
+            "sealed queue messages (sealer/trust) are for the Zenoh queue service; on Pulsar give "
+            "each planner and executor its own broker credentials (token=...) and grant their roles "
+            "per topic"
+        )
     return PulsarQueue(bus.engine, options.policy)
 
 
@@ -328,7 +340,10 @@ class PulsarQueue(ActionQueue):
             elif rec.e == Event.FEEDBACK:
                 entries = self._feedback.get(rec.k)
                 if entries:
-                    value = msgspec.json.decode(rec.d)
+                    try:
+                        value = msgspec.json.decode(rec.d)
+                    except (msgspec.DecodeError, RecursionError):
+                        continue
                     for on_feedback, _ in list(entries):
                         on_feedback(value)
 

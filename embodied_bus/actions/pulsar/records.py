@@ -80,11 +80,11 @@ def parse_records(data: bytes) -> list[Record]:
         return _RECORDS.decode(data)
     except msgspec.ValidationError:
         pass  # a malformed record among them: read the others one by one
-    except msgspec.DecodeError as err:
-        raise ActionError(f"a state-log or reply message is not JSON: {err}") from err
+    except (msgspec.DecodeError, RecursionError) as err:
+        raise ActionError(f"a state-log or reply message is not JSON: {err!r}") from err
     try:
         items = _RAW_ITEMS.decode(data)
-    except msgspec.ValidationError as err:
+    except (msgspec.ValidationError, RecursionError) as err:
         raise ActionError("a state-log or reply message must be a JSON array of records") from err
     out = []
     for item in items:
@@ -105,8 +105,8 @@ def parse_snapshot(raw: msgspec.Raw | bytes) -> Action:
         return _SNAPSHOT.decode(raw).validate(check_payload=False)
     except msgspec.ValidationError as err:
         raise ActionError(f"action envelope is malformed: {err}") from err
-    except msgspec.DecodeError as err:
-        raise ActionError(f"action envelope is not valid JSON: {err}") from err
+    except (msgspec.DecodeError, RecursionError) as err:
+        raise ActionError(f"action envelope is not valid JSON: {err!r}") from err
 
 
 def chunks(records: list[bytes]) -> list[list[bytes]]:

@@ -1,0 +1,317 @@
+"""Attacks from the LAN on a secured action queue, as processes on the wire.
+
+The queue service and the executor run as ``embodied-bus`` processes with their own keys
+(``--seal``) and the allow-list (``--trust``, ``--allow``); the planner seals its requests and
+signs its actions. The attacker is a raw zenoh-python session on the same router port: it
+sniffs, replays and forges queue messages, results and liveliness tokens. What must hold: a
+signed action runs once per attempt the queue granted, results and acks come from the parties
+that own them, and revoking a key reaches the running processes within seconds.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+import uuid
+from collections.abc import AsyncIterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import msgspec
+import pytest
+import zenoh
+
+from embodied_bus import Bus, open_bus
+from embodied_bus.actions import Action, ActionError, ActionStatus, Planner
+from embodied_bus.actions.model import encode_action
+from embodied_bus.security import (
+    AllowList,
+    Role,
+    Sealer,
+    Signer,
+    Trust,
+    WatchedAllowList,
+    generate_private_key,
+    public_entry,
+    save_allow_list,
+    save_private_key,
+)
+from embodied_bus.testing.ports import free_port
+
+TEST_DIR = Path(__file__).resolve().parent
+CLI = [sys.executable, "-m", "embodied_bus.cli.main"]
+
+
+def wait_line(proc: subprocess.Popen[str], text: str, timeout_s: float = 60) -> None:
+    import threading
+
+    seen = threading.Event()
+
+    def read() -> None:
+        assert proc.stdout is not None
+        for line in proc.stdout:
+            if text in line:
+                seen.set()
+                return
+
+    threading.Thread(target=read, daemon=True).start()
+    assert seen.wait(timeout_s), f"process never printed {text!r}: {proc.poll()}"
+
+
+@dataclass
+class Site:
+    """A secured queue: service and executor processes, a planner, and an attacker session."""
+
+    tmp: Path
+    ns: str
+    port: int
+    allow_path: Path
+    keys: dict[str, Any]
+    procs: list[subprocess.Popen[str]] = field(default_factory=list)
+    bus: Bus | None = None
+    planner: Planner | None = None
+    attacker: Any = None
+
+    @property
+    def url(self) -> str:
+        return f"zenoh://127.0.0.1:{self.port}"
+
+    def runs(self, action_id: str) -> list[dict[str, Any]]:
+        log = self.tmp / "runs.jsonl"
+        if not log.exists():
+            return []
+        return [r for r in map(json.loads, log.read_text().splitlines()) if r["id"] == action_id]
+
+    def executor_log(self) -> str:
+        return (self.tmp / "executor.stderr").read_text()
+
+    def key(self, name: str) -> Path:
+        return self.tmp / f"{name}.pem"
+
+    def put(self, topic: str, payload: bytes) -> None:
+        self.attacker.put(f"eb/{self.ns}/@n/{topic}", payload)
+
+    def ask(self, payload: bytes) -> bytes:
+        """A raw request to the queue service: its reply."""
+        replies = self.attacker.get(f"eb/{self.ns}/@svc/actions", payload=payload, timeout=5.0)
+        for reply in replies:
+            if reply.ok is not None:
+                return bytes(reply.ok.payload.to_bytes())
+        raise AssertionError("the queue service did not answer")
+
+
+@pytest.fixture
+async def site(tmp_path: Path) -> AsyncIterator[Site]:
+    keys = {name: generate_private_key() for name in ("queue", "arm", "ops", "ctl", "evil")}
+    for name, key in keys.items():
+        save_private_key(key, tmp_path / f"{name}.pem")
+    allow = tmp_path / "allow.yaml"
+    save_allow_list(
+        AllowList(
+            [
+                public_entry("queue", keys["queue"], roles=(Role.QUEUE,)),
+                public_entry("arm", keys["arm"], roles=(Role.EXECUTOR,)),
+                public_entry("ops", keys["ops"], ["move"]),  # signs actions, seals requests
+                public_entry("ctl", keys["ctl"], ["*"]),  # seals requests only, in some tests
+            ]
+        ),
+        allow,
+    )
+    s = Site(tmp_path, "sec" + uuid.uuid4().hex[:8], free_port(), allow, keys)
+    env = {
+        **os.environ,
+        "PYTHONPATH": f"{TEST_DIR}{os.pathsep}{os.environ.get('PYTHONPATH', '')}",
+        "EB_ATTACK_LOG": str(tmp_path / "runs.jsonl"),
+    }
+    queue = subprocess.Popen(
+        [
+            *CLI,
+            "queue",
+            "--bus",
+            f"zenoh:?listen=tcp/127.0.0.1:{s.port}",
+            "--ns",
+            s.ns,
+            "--db",
+            str(tmp_path / "q.db"),
+            "--seal",
+            str(s.key("queue")),
+            "--trust",
+            str(allow),
+        ],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.DEVNULL,
+        text=True,
+    )
+    s.procs.append(queue)
+    wait_line(queue, "action queue serving")
+    with open(tmp_path / "executor.stderr", "w") as err:
+        ex = subprocess.Popen(
+            [
+                *CLI,
+                "executor",
+                "--bus",
+                s.url,
+                "--ns",
+                s.ns,
+                "--name",
+                "arm",
+                "--handlers",
+                "attack_handlers:HANDLERS",
+                "--seal",
+                str(s.key("arm")),
+                "--trust",
+                str(allow),
+                "--allow",
+                str(allow),
+                "--nonce-db",
+                str(tmp_path / "nonces.db"),
+            ],
+            stdout=subprocess.PIPE,
+            stderr=err,
+            text=True,
+            env=env,
+        )
+    s.procs.append(ex)
+    wait_line(ex, "executor arm running")
+    conf = zenoh.Config()
+    conf.insert_json5("connect/endpoints", json.dumps([f"tcp/127.0.0.1:{s.port}"]))
+    conf.insert_json5("scouting/multicast/enabled", "false")
+    s.attacker = zenoh.open(conf)
+    s.bus = await open_bus(s.url, namespace=s.ns)
+    s.planner = Planner(
+        s.bus,
+        signer=Signer(keys["ops"]),
+        sealer=Sealer(keys["ops"]),
+        trust=Trust(WatchedAllowList(allow)),
+    )
+    try:
+        yield s
+    finally:
+        await s.planner.close()
+        await s.bus.close()
+        s.attacker.close()
+        for p in s.procs:
+            if p.poll() is None:
+                p.send_signal(signal.SIGINT)
+                p.wait(20)
+
+
+async def running(s: Site, action_id: str, timeout_s: float = 20) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not s.runs(action_id):
+        assert time.monotonic() < deadline, f"action {action_id} never started"
+        await asyncio.sleep(0.02)
+
+
+async def test_captured_and_forged_pushes_never_run_an_action_again(site: Site) -> None:
+    captured: list[bytes] = []
+    sniffer = site.attacker.declare_subscriber(
+        f"eb/{site.ns}/@n/actions/assign/**", lambda sample: captured.append(bytes(sample.payload.to_bytes()))
+    )
+    assert site.planner is not None
+    await site.planner.backlog()  # the executor is up and idle: the next action is pushed to it
+    await asyncio.sleep(1.0)
+    h = await site.planner.submit("move", {"to": "bin"})
+    done = await h.result(timeout_s=20)
+    assert done.status is ActionStatus.SUCCEEDED and done.attempt_count == 1
+    assert captured, "the queue pushed the action to the idle executor"
+    genuine = captured[0]
+    for _ in range(10):  # the sniffed push, again and again
+        site.put("actions/assign/arm", genuine)
+    envelope = msgspec.json.decode(genuine)["m"][0] if genuine.startswith(b'{"by"') else None
+    assert envelope is not None, "pushes of a queue with a key are sealed"
+    forged = dict(envelope, checkpoint={"step": 99})
+    forged["attempts"] = [dict(envelope["attempts"][0], number=2)]
+    site.put("actions/assign/arm", json.dumps([forged]).encode())  # unsealed
+    evil = Sealer(site.keys["evil"]).seal("actions/assign/arm", json.dumps([forged]).encode())
+    site.put("actions/assign/arm", evil)  # sealed by a key nobody trusts
+    other = Sealer(site.keys["queue"]).seal("actions/assign/other", json.dumps([forged]).encode())
+    site.put("actions/assign/arm", other)  # a genuine seal, moved to another executor's channel
+    await asyncio.sleep(2.0)
+    assert len(site.runs(h.id)) == 1
+    log = site.executor_log()
+    assert log.count("attempt 1 already ran here") >= 1, log
+    assert "unsealed" in log and "unknown_key" in log and "bad_signature" in log, log
+    sniffer.undeclare()
+
+
+async def test_forged_acks_results_and_requests_are_refused_and_the_real_outcome_stands(site: Site) -> None:
+    assert site.planner is not None
+    h = await site.planner.submit("move", {"to": "dock", "hold_s": 2.0})
+    await running(site, h.id)
+    result = asyncio.ensure_future(h.result(timeout_s=30))
+    ack = {"op": "report", "executor": {"name": "arm"}, "reports": [{"id": h.id, "attempt": 1, "ok": True,
+                                                                     "result": "evil"}]}  # fmt: skip
+    reply = json.loads(site.ask(json.dumps(ack).encode()))
+    assert "refused" in reply["m"]["error"]  # the service seals even its refusals
+    sealed = Sealer(site.keys["evil"]).seal("request", json.dumps(ack).encode())
+    assert "unknown_key" in json.loads(site.ask(sealed))["m"]["error"]
+    # a planner's key making an executor's request
+    as_planner = Sealer(site.keys["ctl"]).seal("request", json.dumps(ack).encode())
+    assert "may not act as executor" in json.loads(site.ask(as_planner))["m"]["error"]
+    fake = Action("move", {"to": "dock"}, id=h.id, status=ActionStatus.SUCCEEDED, result="evil")
+    site.put(f"actions/result/{h.id}", encode_action(fake))
+    site.put(
+        f"actions/result/{h.id}",
+        Sealer(site.keys["evil"]).seal(f"actions/result/{h.id}", encode_action(fake)),
+    )
+    cancel = json.dumps({"op": "cancel", "id": h.id}).encode()
+    assert "refused" in json.loads(site.ask(cancel))["m"]["error"]
+    await asyncio.sleep(0.5)
+    assert not result.done()  # no forged result was believed
+    done = await result
+    assert done.status is ActionStatus.SUCCEEDED and done.result == {"moved": "dock"}
+    assert [t.outcome for t in done.attempts] == ["ok"] and len(site.runs(h.id)) == 1
+
+
+async def test_a_fake_executor_token_neither_takes_a_lease_away_nor_counts_as_an_executor(site: Site) -> None:
+    assert site.planner is not None
+    h = await site.planner.submit("move", {"to": "shelf", "hold_s": 2.0})
+    await running(site, h.id)
+    group = f"eb/{site.ns}/@group/actions-executors"
+    real = [str(r.ok.key_expr) for r in site.attacker.liveliness().get(f"{group}/**") if r.ok is not None]
+    assert any("/arm/" in k for k in real), real
+    # a token with the executor's name and another session, then the real one's own key, copied
+    fake = site.attacker.liveliness().declare_token(f"{group}/arm/" + '{"kinds":["move"],"session":"evil"}')
+    copied = site.attacker.liveliness().declare_token(next(k for k in real if "/arm/" in k))
+    await asyncio.sleep(0.5)
+    fake.undeclare()
+    copied.undeclare()
+    done = await h.result(timeout_s=30)
+    assert done.status is ActionStatus.SUCCEEDED and [t.outcome for t in done.attempts] == ["ok"]
+    assert len(site.runs(h.id)) == 1
+
+
+async def test_a_revoked_key_stops_working_in_running_processes_within_seconds(site: Site) -> None:
+    assert site.planner is not None and site.bus is not None
+    # requests sealed by ctl, actions signed by ops: the executor checks the signature
+    planner = Planner(
+        site.bus,
+        signer=Signer(site.keys["ops"]),
+        sealer=Sealer(site.keys["ctl"]),
+        trust=Trust(WatchedAllowList(site.allow_path)),
+    )
+    try:
+        before = await (await planner.submit("move", {"to": "a"})).result(timeout_s=20)
+        assert before.status is ActionStatus.SUCCEEDED
+        revoke = subprocess.run(
+            [*CLI, "keys", "revoke", "ops", "--allow-list", str(site.allow_path)],
+            capture_output=True, text=True, timeout=60,
+        )  # fmt: skip
+        assert revoke.returncode == 0, revoke.stderr
+        t0 = time.monotonic()
+        await asyncio.sleep(1.5)  # the processes look at the file every second
+        after = await (await planner.submit("move", {"to": "b"})).result(timeout_s=20)
+        assert after.status is ActionStatus.DEAD and "unknown_key" in after.attempts[-1].reason
+        assert not site.runs(after.id)
+        with pytest.raises(ActionError, match="unknown_key"):
+            await site.planner.submit("move", {"to": "c"})  # its requests were sealed by ops
+        assert time.monotonic() - t0 < 10
+    finally:
+        await planner.close()
