@@ -16,7 +16,7 @@ from embodied_bus.fusion import decode_frame, encode_frame, load_spec
 from embodied_bus.fusion.worker import FusionWorker, frames_stream
 from embodied_bus.sim.scenario import Scenario, generate
 
-from conftest import BusPair
+from conftest import BusPair, wait_until
 
 ROOT = Path(__file__).resolve().parents[1]
 SPEC = load_spec(ROOT / "config" / "fusion.yaml")
@@ -168,3 +168,28 @@ async def test_a_fusion_worker_whose_bus_is_closed_under_it_stops_with_a_clear_e
     await bus_pair.subscriber_bus.close()
     with pytest.raises(BusClosedError, match=f"fusion worker of {RELAXED.name!r}: its bus was closed"):
         await asyncio.wait_for(task, 10)
+
+
+@pytest.mark.parametrize("stamp_ns", [2**63 - 1, -(2**63), 2**63 - 1_000_000])
+async def test_samples_stamped_at_the_int64_bounds_are_handled_and_fusion_keeps_serving(
+    bus_pair: BusPair, stamp_ns: int
+) -> None:
+    worker = FusionWorker(bus_pair.subscriber_bus, RELAXED, idle_flush_s=0.2)
+    stop = asyncio.Event()
+    frames_sub = await bus_pair.publisher_bus.subscribe(
+        frames_stream(SPEC), options=SubscriptionOptions(capacity=1000, backpressure=Backpressure.BLOCK)
+    )
+    task = asyncio.create_task(worker.run(stop))
+    await asyncio.wait_for(worker.ready.wait(), 30)
+    pub = await bus_pair.publisher_bus.publisher("lidar/top", options=BLOCK_PUB)
+    assert await pub.wait_for_subscribers(10)
+    await pub.publish(b"extreme", stamp_ns=stamp_ns)
+    frame = decode_frame((await frames_sub.recv(timeout_s=20)).payload)  # flushed when idle
+    assert frame.member("lidar/top") is not None
+    assert not task.done()  # the worker still serves
+    await pub.publish(b"ordinary", stamp_ns=time.time_ns())
+    # the next sample still counts: a frame of its own, or a late sample after a far-future stamp
+    await wait_until(lambda: worker.metrics.frames + worker.metrics.late >= 2, 20, "the next sample handled")
+    assert not task.done()
+    stop.set()
+    await asyncio.wait_for(task, 30)

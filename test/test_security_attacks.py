@@ -107,7 +107,10 @@ class Site:
 
 
 @pytest.fixture
-async def site(tmp_path: Path) -> AsyncIterator[Site]:
+async def site(tmp_path: Path, request: pytest.FixtureRequest) -> AsyncIterator[Site]:
+    """Sealed unless a test is marked ``@pytest.mark.parametrize("site", [False], indirect=True)``
+    (signed actions only, the queue protocol in the clear: what replays alone cannot do)."""
+    sealed = getattr(request, "param", True)
     keys = {name: generate_private_key() for name in ("queue", "arm", "ops", "ctl", "evil")}
     for name, key in keys.items():
         save_private_key(key, tmp_path / f"{name}.pem")
@@ -139,10 +142,7 @@ async def site(tmp_path: Path) -> AsyncIterator[Site]:
             s.ns,
             "--db",
             str(tmp_path / "q.db"),
-            "--seal",
-            str(s.key("queue")),
-            "--trust",
-            str(allow),
+            *(["--seal", str(s.key("queue")), "--trust", str(allow)] if sealed else []),
         ],
         stdout=subprocess.PIPE,
         stderr=subprocess.DEVNULL,
@@ -163,10 +163,9 @@ async def site(tmp_path: Path) -> AsyncIterator[Site]:
                 "arm",
                 "--handlers",
                 "attack_handlers:HANDLERS",
-                "--seal",
-                str(s.key("arm")),
-                "--trust",
-                str(allow),
+                "--concurrency",
+                "2",
+                *(["--seal", str(s.key("arm")), "--trust", str(allow)] if sealed else []),
                 "--allow",
                 str(allow),
                 "--nonce-db",
@@ -187,8 +186,8 @@ async def site(tmp_path: Path) -> AsyncIterator[Site]:
     s.planner = Planner(
         s.bus,
         signer=Signer(keys["ops"]),
-        sealer=Sealer(keys["ops"]),
-        trust=Trust(WatchedAllowList(allow)),
+        sealer=Sealer(keys["ops"]) if sealed else None,
+        trust=Trust(WatchedAllowList(allow)) if sealed else None,
     )
     try:
         yield s
@@ -239,6 +238,42 @@ async def test_captured_and_forged_pushes_never_run_an_action_again(site: Site) 
     assert log.count("attempt 1 already ran here") >= 1, log
     assert "unsealed" in log and "unknown_key" in log and "bad_signature" in log, log
     sniffer.undeclare()
+
+
+@pytest.mark.parametrize("site", [False], indirect=True)
+async def test_without_seals_a_replayed_push_or_one_holding_copies_still_runs_the_action_once(
+    site: Site,
+) -> None:
+    captured: list[bytes] = []
+    sniffer = site.attacker.declare_subscriber(
+        f"eb/{site.ns}/@n/actions/assign/**", lambda sample: captured.append(bytes(sample.payload.to_bytes()))
+    )
+    assert site.planner is not None
+    await site.planner.backlog()
+    await asyncio.sleep(1.0)  # the executor's take came back empty: it is idle
+    h = await site.planner.submit("move", {"to": "bin", "hold_s": 1.0})
+    await running(site, h.id)
+    assert captured, "the queue pushed the action to the idle executor"
+    (lease,) = msgspec.json.decode(captured[0])
+    site.put("actions/assign/arm", json.dumps([lease] * 10).encode())  # ten copies at once
+    done = await h.result(timeout_s=20)
+    assert done.status is ActionStatus.SUCCEEDED
+    for _ in range(10):  # the sniffed push again, after the action ended
+        site.put("actions/assign/arm", captured[0])
+    stolen = dict(lease, attempts=[dict(lease["attempts"][0], executor="evil", session="evil")])
+    site.put("actions/assign/arm", json.dumps([stolen]).encode())  # granted to another party
+    await wait_for_log(site, "granted to 'evil'")
+    assert len(site.runs(h.id)) == 1
+    log = site.executor_log()
+    assert "already ran here" in log and "not sealed" in log, log  # and it was told why to seal
+    sniffer.undeclare()
+
+
+async def wait_for_log(s: Site, text: str, timeout_s: float = 20) -> None:
+    deadline = time.monotonic() + timeout_s
+    while text not in s.executor_log():
+        assert time.monotonic() < deadline, f"the executor never logged {text!r}: {s.executor_log()}"
+        await asyncio.sleep(0.05)
 
 
 async def test_forged_acks_results_and_requests_are_refused_and_the_real_outcome_stands(site: Site) -> None:

@@ -6,6 +6,7 @@ import argparse
 import asyncio
 import importlib
 import json
+import logging
 import math
 import os
 import sys
@@ -22,6 +23,8 @@ from embodied_bus.errors import BusConfigError
 from embodied_bus.security import Sealer, Signer, Trust, Verifier, WatchedAllowList, load_private_key
 
 __all__ = ["ActionsView", "add_parsers", "load_handlers"]
+
+_log = logging.getLogger(__name__)
 
 
 def add_parsers(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
@@ -273,6 +276,12 @@ async def run_executor(args: argparse.Namespace) -> int:
             else None
         )
         sealer, trust = _credentials(args)
+        if verifier is not None and trust is None:
+            _log.warning(
+                "actions are verified but queue messages are not sealed: a party on the bus can forge "
+                "leases and results (give --seal and --trust on Zenoh; broker authorization on Pulsar, "
+                "see docs/security.md)"
+            )
         ex = Executor(
             bus,
             args.name,
