@@ -57,6 +57,7 @@ setup(
             "wheel>=0.40",
             "ruff>=0.6",
             "mypy>=1.10",
+            "import-linter>=2.1",
             "types-PyYAML",
         ],
     },
@@ -69,8 +70,8 @@ setup(
             "sensor_bridge = embodied_bus.ros.nodes.sensor_bridge:main",
             "frame_bridge = embodied_bus.ros.nodes.frame_bridge:main",
             "action_bridge = embodied_bus.ros.nodes.action_bridge:main",
-            "fusion_worker = embodied_bus.ros.nodes.fusion_worker:main",
-            "queue_service = embodied_bus.ros.nodes.queue_service:main",
+            "fusion_worker = embodied_bus.cli.launch_nodes:fusion_worker",
+            "queue_service = embodied_bus.cli.launch_nodes:queue_service",
         ],
     },
 )

@@ -334,14 +334,14 @@ def raw_pulsar_shared(
 
     import pulsar
 
-    from embodied_bus.engines.pulsar_engine import _native_logger
+    from embodied_bus.engines.pulsar.logs import native_logger
 
     queue_size = receiver_queue_size or RECEIVER_QUEUE_SIZE
 
     # the logger embodied_bus's clients use (native, on stderr): the C++ client keeps the first
     # client's logger for every later client of the process, and pulsar.ConsoleLogger writes
     # to stdout, where this script's JSON goes
-    client = pulsar.Client(url, logger=_native_logger())
+    client = pulsar.Client(url, logger=native_logger())
     topic = f"persistent://public/default/eb-bench-actions-{uuid.uuid4().hex[:8]}"
     # the executors' receiver queue (raw measured the same with 1 and 2, 2026-12-03)
     consumers = [
@@ -415,10 +415,10 @@ def raw_pulsar_floor(
 
     import pulsar
 
-    from embodied_bus.engines.pulsar_engine import _native_logger
+    from embodied_bus.engines.pulsar.logs import native_logger
 
     queue_size = receiver_queue_size or RECEIVER_QUEUE_SIZE
-    client = pulsar.Client(url, logger=_native_logger())
+    client = pulsar.Client(url, logger=native_logger())
     tag = uuid.uuid4().hex[:8]
     queue = f"persistent://public/default/eb-bench-floor-{tag}"
     replies = f"non-persistent://public/default/eb-bench-floor-replies-{tag}"

@@ -21,7 +21,7 @@ sys.path.insert(0, str(ROOT))
 
 from embodied_bus import open_bus  # noqa: E402
 from embodied_bus.replay import ReplayOptions, recording_info, replay  # noqa: E402
-from embodied_bus.ros import typestore  # noqa: E402
+from embodied_bus.rosmsg import typestore  # noqa: E402
 from embodied_bus.testing.ports import free_port  # noqa: E402
 
 RECORDINGS = ROOT / "test" / "data" / "recordings"

@@ -133,9 +133,9 @@ def raw_zenoh_throughput(
     provider = None
     policy = zenoh.shm.BlockOn(zenoh.shm.GarbageCollect())
     if shm_api:
-        from embodied_bus.engines.zenoh_engine import _shm_pool_bytes
+        from embodied_bus.engines.zenoh.shm import shm_pool_bytes
 
-        provider = zenoh.shm.ShmProvider.default_backend(_shm_pool_bytes(size) or 32 << 20)
+        provider = zenoh.shm.ShmProvider.default_backend(shm_pool_bytes(size) or 32 << 20)
     c0 = cpu_s()
     t0 = time.perf_counter()
     if provider is None:

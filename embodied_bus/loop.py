@@ -11,12 +11,13 @@ from __future__ import annotations
 
 import asyncio
 import os
+import signal
 from collections.abc import Callable, Coroutine
 from typing import Any
 
 from embodied_bus.errors import BusConfigError
 
-__all__ = ["LOOP_CHOICES", "LOOP_ENV", "loop_runner"]
+__all__ = ["LOOP_CHOICES", "LOOP_ENV", "install_stop_signals", "loop_runner"]
 
 #: Environment variable that chooses the loop: ``auto`` (the default: uvloop if installed),
 #: ``uvloop`` (fail if it is not installed) or ``asyncio``.
@@ -51,3 +52,13 @@ def loop_runner(choice: str | None = None) -> tuple[str, Runner]:
         else:
             return "uvloop", uvloop.run
     return "asyncio", asyncio.run
+
+
+def install_stop_signals(stop: asyncio.Event) -> None:
+    """Set ``stop`` on SIGINT/SIGTERM for a clean shutdown."""
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        try:
+            loop.add_signal_handler(sig, stop.set)
+        except (NotImplementedError, RuntimeError):
+            pass

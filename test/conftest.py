@@ -120,7 +120,7 @@ def pytest_unconfigure(config: pytest.Config) -> None:
 
     A blocking engine call left behind (a Pulsar close on a crashed broker, a Zenoh session that
     does not close) must not hold the test command open until CI's time limit: the product runs
-    such calls on daemon threads (``engines._blocking``), and this guard names any that still
+    such calls on daemon threads (``engines.blocking``), and this guard names any that still
     hold the exit, with their stacks, then exits with pytest's status.
     """
     status = config.stash.get(_exit_status, None)

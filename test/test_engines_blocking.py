@@ -1,4 +1,4 @@
-"""Bounded blocking calls (``engines._blocking``): daemon threads, reused while idle."""
+"""Bounded blocking calls (``engines.blocking``): daemon threads, reused while idle."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import threading
 
 import pytest
 
-from embodied_bus.engines._blocking import call_bounded
+from embodied_bus.engines.blocking import call_bounded
 
 
 def _bounded_threads() -> list[threading.Thread]:

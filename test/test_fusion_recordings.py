@@ -8,7 +8,7 @@ from embodied_bus.fusion import Assembler, MultiModalFrame, decode_frame, encode
 from embodied_bus.fusion.decode import frame_arrays
 from embodied_bus.model import Header, HeaderFlags, Modality, Sample
 from embodied_bus.replay import RecordedMessage, SkippedTopic, modality_of, read_recording, topic_to_stream
-from embodied_bus.ros import sample_to_numpy
+from embodied_bus.rosmsg import sample_to_numpy
 
 from recordings import recording
 

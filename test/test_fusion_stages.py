@@ -14,7 +14,7 @@ from embodied_bus.fusion import MultiModalFrame, encode_frame
 from embodied_bus.fusion.frame import Member
 from embodied_bus.fusion.stages import StageSpec, load_stages, make_stage, run_stage
 from embodied_bus.model import Header, Modality, Sample
-from embodied_bus.ros import array_to_pointcloud2_cdr, pointcloud2_to_array, sample_to_numpy, typestore
+from embodied_bus.rosmsg import array_to_pointcloud2_cdr, pointcloud2_to_array, sample_to_numpy, typestore
 
 from conftest import zenoh_urls
 from recordings import recording

@@ -45,7 +45,7 @@ from embodied_bus.model.wire import (
     split_batch,
 )
 from embodied_bus.ros.bridge_core import parse_submission, string_from_cdr
-from embodied_bus.ros.conversions import (
+from embodied_bus.rosmsg.conversions import (
     ConversionError,
     array_to_compressed_image_cdr,
     array_to_image_cdr,
@@ -55,7 +55,7 @@ from embodied_bus.ros.conversions import (
     sample_to_numpy,
     typestore,
 )
-from embodied_bus.ros.rmw_zenoh import RmwZenohError, unpack_attachment
+from embodied_bus.rosmsg.rmw_zenoh import RmwZenohError, unpack_attachment
 from embodied_bus.security import (
     ActionRejected,
     AllowedKey,
@@ -174,7 +174,7 @@ def test_decoded_batches_agree_with_decoding_each_sample(att: bytes, payload: by
     st.one_of(st.just(BATCH[0] + BATCH[1]), mutated(BATCH[0] + BATCH[1])),
 )
 def test_pulsar_batch_messages_decode_or_raise_header_error(prop: str, data: bytes) -> None:
-    from embodied_bus.engines.pulsar_engine import decode_batch_message
+    from embodied_bus.engines.pulsar import decode_batch_message
 
     got = only((HeaderError,), lambda: decode_batch_message(prop, data))
     if got is not None:

@@ -17,7 +17,7 @@ from embodied_bus.replay import (
     recording_info,
     replay,
 )
-from embodied_bus.ros import ConversionError, decode_cdr
+from embodied_bus.rosmsg import ConversionError, decode_cdr
 
 from conftest import wait_until, zenoh_urls
 from recordings import RECORDINGS, recording

@@ -8,9 +8,9 @@ from collections import defaultdict
 import pytest
 from rosbags.highlevel import AnyReader
 
-from embodied_bus.replay.reader import normalize_msgtype
-from embodied_bus.ros import typestore
-from embodied_bus.ros.ros1_cdr import compile_ros1_to_cdr
+from embodied_bus.rosmsg import typestore
+from embodied_bus.rosmsg.ros1_cdr import compile_ros1_to_cdr
+from embodied_bus.rosmsg.types import normalize_msgtype
 
 from recordings import RECORDINGS
 

@@ -9,7 +9,7 @@ import pytest
 from rosbags.highlevel import AnyReader
 
 from embodied_bus.model import Header, Modality, Sample
-from embodied_bus.ros import (
+from embodied_bus.rosmsg import (
     ConversionError,
     array_to_compressed_image_cdr,
     array_to_image_cdr,

@@ -18,6 +18,8 @@ import numpy as np
 import pytest
 
 from embodied_bus import open_bus
+from embodied_bus.cli.launch_nodes import fusion_worker as fusion_worker_main
+from embodied_bus.cli.launch_nodes import resolve_bus, strip_ros_args
 from embodied_bus.fusion.codec import encode_frame
 from embodied_bus.fusion.frame import Member, MultiModalFrame
 from embodied_bus.model.sample import Sample
@@ -31,9 +33,7 @@ from embodied_bus.ros.bridge_core import (
     parse_submission,
 )
 from embodied_bus.ros.config import FrameRoute, load_robot_config
-from embodied_bus.ros.conversions import array_to_pointcloud2_cdr
-from embodied_bus.ros.nodes.fusion_worker import main as fusion_worker_main
-from embodied_bus.ros.nodes.fusion_worker import resolve_bus, strip_ros_args
+from embodied_bus.rosmsg.conversions import array_to_pointcloud2_cdr
 from embodied_bus.testing.ports import free_port
 
 from rmw_node import STORE
@@ -62,8 +62,11 @@ def _scripts() -> dict[str, str]:
 def test_every_node_is_a_console_script_with_main_args_none(name: str) -> None:
     target = _scripts()[name]
     module, func = target.split(":")
-    assert module == f"embodied_bus.ros.nodes.{name}" and func == "main"
-    main = importlib.import_module(module).main
+    if name in NODES:
+        assert module == f"embodied_bus.ros.nodes.{name}" and func == "main"
+    else:  # processes that run a command of the command line
+        assert module == "embodied_bus.cli.launch_nodes" and func == name
+    main = getattr(importlib.import_module(module), func)
     assert list(inspect.signature(main).parameters) == ["args"]
     assert inspect.signature(main).parameters["args"].default is None
 

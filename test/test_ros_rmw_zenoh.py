@@ -20,9 +20,9 @@ from embodied_bus.actions import Action, Executor, Planner, QueueService, RetryP
 from embodied_bus.fusion.worker import FusionWorker
 from embodied_bus.ros.bridge_core import header_of, string_cdr, string_from_cdr
 from embodied_bus.ros.config import RobotConfigError, load_robot_config, robot_config_from_dict
-from embodied_bus.ros.conversions import array_to_pointcloud2_cdr, pointcloud2_to_array
 from embodied_bus.ros.rmw_bridge import RmwZenohBridge
-from embodied_bus.ros.rmw_zenoh import (
+from embodied_bus.rosmsg.conversions import array_to_pointcloud2_cdr, pointcloud2_to_array
+from embodied_bus.rosmsg.rmw_zenoh import (
     DEFAULT_QOS,
     SENSOR_DATA_QOS,
     Durability,

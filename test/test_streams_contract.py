@@ -517,8 +517,8 @@ async def test_publish_many_and_recv_many_name_bad_arguments_and_send_what_came_
 
 async def test_a_lossless_publisher_keeps_a_bounded_number_of_bytes_in_flight(bus_pair: BusPair) -> None:
     # Zenoh: queued for the sender thread; Pulsar: sent and not yet confirmed by the broker
-    from embodied_bus.engines.pulsar_engine import PULSAR_HIGH_WATER, PULSAR_SLOT_BYTES
-    from embodied_bus.engines.zenoh_engine import SENDER_HIGH_WATER_BYTES
+    from embodied_bus.engines.pulsar.tuning import PULSAR_HIGH_WATER, PULSAR_SLOT_BYTES
+    from embodied_bus.engines.zenoh.tuning import SENDER_HIGH_WATER_BYTES
 
     n, size = 40, 4 << 20
     sub = await bus_pair.subscriber_bus.subscribe(
@@ -662,7 +662,7 @@ async def test_samples_of_a_pulsar_batch_dropped_by_drop_oldest_count_as_acknowl
 
 
 async def test_a_malformed_batch_is_counted_and_its_good_samples_still_delivered(bus_pair: BusPair) -> None:
-    from embodied_bus.engines.pulsar_engine import BATCH_PROPERTY, stream_topic
+    from embodied_bus.engines.pulsar import BATCH_PROPERTY, stream_topic
     from embodied_bus.model.wire import BATCH_LAYOUT, encode_batch, encode_header
 
     sub = await bus_pair.subscriber_bus.subscribe("scan", options=SubscriptionOptions(capacity=10))
@@ -700,7 +700,7 @@ async def test_malformed_messages_are_counted_and_good_ones_still_delivered(bus_
         session.put(key, b"no header at all")
         session.put(key, b"bad header", attachment=b"EB\x07garbage")
     else:
-        from embodied_bus.engines.pulsar_engine import stream_topic
+        from embodied_bus.engines.pulsar import stream_topic
 
         client = bus_pair.publisher_bus.engine.client  # type: ignore[attr-defined]
         producer = client.create_producer(stream_topic(bus_pair.publisher_bus.settings, "scan"))  # type: ignore[arg-type]

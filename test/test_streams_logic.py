@@ -13,7 +13,8 @@ from hypothesis import strategies as st
 
 from embodied_bus import Backpressure, BusClosedError, BusConfigError, HeaderError
 from embodied_bus.engines.urls import PulsarSettings, ZenohSettings, parse_bus_url
-from embodied_bus.engines.zenoh_engine import BODY_REUSE_MIN_BYTES, _BodyBuffers
+from embodied_bus.engines.zenoh.shm import BodyBuffers
+from embodied_bus.engines.zenoh.tuning import BODY_REUSE_MIN_BYTES
 from embodied_bus.model import Header, Modality
 from embodied_bus.model.qos import SubscriptionOptions
 from embodied_bus.model.wire import HeaderRun, validate_stream_name
@@ -302,7 +303,7 @@ async def test_close_returns_stashed_items_first() -> None:
 
 
 def test_the_zenoh_sender_assembles_large_batch_bodies_in_kept_buffers_without_reallocating() -> None:
-    bodies = _BodyBuffers(256 * 1024)
+    bodies = BodyBuffers(256 * 1024)
     allocated: dict[int, int] = {}
     # bodies of every size class, growing and shrinking within each, and small ones joined afresh
     for total in (200_000, 262_144, 131_073, 70_000, 150_000, 255_000, 65_536, 1_000, 100_000, 260_000):
@@ -393,7 +394,7 @@ def test_pulsar_urls_are_parsed() -> None:
 def test_the_zenoh_shared_memory_pool_size_comes_from_the_url_or_the_default(
     url: str, pool_bytes: int
 ) -> None:
-    from embodied_bus.engines.zenoh_engine import build_zenoh_config
+    from embodied_bus.engines.zenoh import build_zenoh_config
 
     cfg = build_zenoh_config(parse_bus_url(url))  # type: ignore[arg-type]
     assert cfg.get_json("transport/shared_memory/transport_optimization/pool_size") == str(pool_bytes)
@@ -411,18 +412,18 @@ def test_the_zenoh_shared_memory_pool_size_comes_from_the_url_or_the_default(
 def test_a_publishers_shared_memory_pool_fits_its_payloads_and_the_room_in_dev_shm(
     monkeypatch: pytest.MonkeyPatch, free_mib: int, payload_mib: int, pool_mib: int | None
 ) -> None:
-    from embodied_bus.engines import zenoh_engine
+    from embodied_bus.engines.zenoh import shm
 
     mib = 1 << 20
     monkeypatch.setattr(
-        zenoh_engine.os, "statvfs", lambda path: SimpleNamespace(f_bavail=free_mib * 256, f_frsize=4096)
+        shm.os, "statvfs", lambda path: SimpleNamespace(f_bavail=free_mib * 256, f_frsize=4096)
     )
-    got = zenoh_engine._shm_pool_bytes(payload_mib * mib)
+    got = shm.shm_pool_bytes(payload_mib * mib)
     assert got == (None if pool_mib is None else pool_mib * mib)
 
 
 def test_a_zenoh_config_file_that_sets_the_shared_memory_pool_keeps_it(tmp_path) -> None:  # type: ignore[no-untyped-def]
-    from embodied_bus.engines.zenoh_engine import build_zenoh_config
+    from embodied_bus.engines.zenoh import build_zenoh_config
 
     path = tmp_path / "robot.json5"
     path.write_text("{transport: {shared_memory: {transport_optimization: {pool_size: 8388608}}}}")
@@ -473,7 +474,7 @@ def test_a_batch_message_is_acknowledged_after_its_last_sample_from_any_thread()
 def test_the_zenoh_sender_cuts_a_burst_into_the_same_puts_on_its_fast_and_general_paths(
     sizes: list[int],
 ) -> None:
-    from embodied_bus.engines.zenoh_engine import _ZenohPublisher
+    from embodied_bus.engines.zenoh.publisher import ZenohPublisher
 
     items = [(bytes([i % 251]) * n, b"h%d" % i, 1) for i, n in enumerate(sizes)]
 
@@ -483,18 +484,18 @@ def test_the_zenoh_sender_cuts_a_burst_into_the_same_puts_on_its_fast_and_genera
             _put=lambda body, attachment: out.append((bytes(attachment), bytes(body))),
             _shm_threshold=None,
             batches=0,
-            _bodies=_BodyBuffers(256 * 1024),
+            _bodies=BodyBuffers(256 * 1024),
         )
-        fake._put_one = lambda body, att: _ZenohPublisher._put_one(fake, body, att)  # type: ignore[arg-type]
-        fake._put_run = lambda atts, bodies: _ZenohPublisher._put_run(fake, atts, bodies)  # type: ignore[arg-type]
+        fake._put_one = lambda body, att: ZenohPublisher._put_one(fake, body, att)  # type: ignore[arg-type]
+        fake._put_run = lambda atts, bodies: ZenohPublisher._put_run(fake, atts, bodies)  # type: ignore[arg-type]
         if fast:
             atts = [att for _, att, _ in items]
             bodies = [body for body, _, _ in items]
             sizes = [len(a) + len(b) for a, b in zip(atts, bodies, strict=True)]
-            assert _ZenohPublisher._put_small(fake, atts, bodies, sizes) is None  # type: ignore[arg-type]
+            assert ZenohPublisher._put_small(fake, atts, bodies, sizes) is None  # type: ignore[arg-type]
         else:
             bodies, atts = [body for body, _, _ in items], [att for _, att, _ in items]
-            assert _ZenohPublisher._put_mixed(fake, bodies, atts) is None  # type: ignore[arg-type]
+            assert ZenohPublisher._put_mixed(fake, bodies, atts) is None  # type: ignore[arg-type]
         return out
 
     assert puts(fast=True) == puts(fast=False)
@@ -504,14 +505,15 @@ async def test_a_flush_returns_even_when_a_wake_up_is_lost_or_the_counts_disagre
     """The Zenoh sender thread's ``wait_below`` (behind ``flush`` and a blocked ``publish``)
     looks again every SENDER_RECHECK_S and returns once the sender is idle with nothing queued:
     neither a lost wake-up nor a miscount can keep it waiting for good."""
-    from embodied_bus.engines.zenoh_engine import SENDER_RECHECK_S, _SenderThread
+    from embodied_bus.engines.zenoh.sender import SenderThread
+    from embodied_bus.engines.zenoh.tuning import SENDER_RECHECK_S
 
     put: list[bytes] = []
 
     def put_all(bodies: list[bytes], atts: list[bytes], cols: object = None) -> None:
         put.extend(bodies)
 
-    sender = _SenderThread("t", put_all, 4, asyncio.get_running_loop())
+    sender = SenderThread("t", put_all, 4, asyncio.get_running_loop())
     try:
         sender._wake_all = lambda: None  # type: ignore[method-assign]  # every wake-up lost
         for i in range(3):
@@ -527,21 +529,22 @@ async def test_a_flush_returns_even_when_a_wake_up_is_lost_or_the_counts_disagre
 async def test_the_zenoh_sender_puts_every_payload_with_its_own_header_in_order_while_it_is_fed() -> None:
     """Payloads and headers wait in two queues (no tuple per sample); pushed from the loop while
     the sender thread drains them, every payload still goes out with its own header, in order,
-    and the slot counts come back to zero (large payloads count one slot per _SLOT_BYTES)."""
-    from embodied_bus.engines.zenoh_engine import _SLOT_BYTES, _SenderThread, _slots
+    and the slot counts come back to zero (large payloads count one slot per SLOT_BYTES)."""
+    from embodied_bus.engines.zenoh.sender import SenderThread, slot_count
+    from embodied_bus.engines.zenoh.tuning import SLOT_BYTES
 
-    assert _slots([]) == 0 and _slots([b"", b"x" * _SLOT_BYTES]) == 2
-    assert _slots([b"x" * (_SLOT_BYTES + 1), b"y"]) == 3
+    assert slot_count([]) == 0 and slot_count([b"", b"x" * SLOT_BYTES]) == 2
+    assert slot_count([b"x" * (SLOT_BYTES + 1), b"y"]) == 3
     got: list[tuple[bytes, bytes]] = []
 
     def put_all(bodies: list[bytes], atts: list[bytes], cols: object = None) -> None:
         assert len(bodies) == len(atts)
         got.extend(zip(bodies, atts, strict=True))
 
-    sender = _SenderThread("t", put_all, 1 << 30, asyncio.get_running_loop())
+    sender = SenderThread("t", put_all, 1 << 30, asyncio.get_running_loop())
     want: list[tuple[bytes, bytes]] = []
     try:
-        big = b"B" * (2 * _SLOT_BYTES + 1)
+        big = b"B" * (2 * SLOT_BYTES + 1)
         for i in range(3000):
             if i % 7 == 0:
                 run = [(b"r%d.%d" % (i, k), b"R%d.%d" % (i, k)) for k in range(5)]

@@ -6,12 +6,12 @@ import argparse
 import asyncio
 import logging
 import os
-import signal
 from collections.abc import Callable, Iterable
 from typing import TYPE_CHECKING, Any
 
 from embodied_bus.engines.urls import DEFAULT_URL
 from embodied_bus.errors import EmbodiedBusError
+from embodied_bus.loop import install_stop_signals
 
 if TYPE_CHECKING:
     from embodied_bus.actions.queue import Backlog
@@ -67,16 +67,6 @@ def add_metrics_arg(parser: argparse.ArgumentParser) -> None:
         metavar="PORT",
         help="serve Prometheus metrics on this port (/metrics)",
     )
-
-
-def install_stop_signals(stop: asyncio.Event) -> None:
-    """Set ``stop`` on SIGINT/SIGTERM for a clean shutdown."""
-    loop = asyncio.get_running_loop()
-    for sig in (signal.SIGINT, signal.SIGTERM):
-        try:
-            loop.add_signal_handler(sig, stop.set)
-        except (NotImplementedError, RuntimeError):
-            pass
 
 
 async def serve_until(

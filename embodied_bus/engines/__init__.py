@@ -24,9 +24,9 @@ __all__ = [
 async def open_engine(settings: ZenohSettings | PulsarSettings) -> Engine:
     """Open the engine the settings describe (imports only that engine's client)."""
     if isinstance(settings, ZenohSettings):
-        from embodied_bus.engines.zenoh_engine import ZenohEngine
+        from embodied_bus.engines.zenoh import ZenohEngine
 
         return await ZenohEngine.open(settings)
-    from embodied_bus.engines.pulsar_engine import PulsarEngine
+    from embodied_bus.engines.pulsar import PulsarEngine
 
     return await PulsarEngine.open(settings)

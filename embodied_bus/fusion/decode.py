@@ -7,7 +7,7 @@ from typing import Any
 import numpy as np
 
 from embodied_bus.fusion.frame import MultiModalFrame
-from embodied_bus.ros.conversions import ConversionError, sample_to_numpy
+from embodied_bus.rosmsg.conversions import ConversionError, sample_to_numpy
 
 __all__ = ["frame_arrays"]
 

@@ -18,7 +18,7 @@ from typing import IO, Any
 from embodied_bus.errors import EmbodiedBusError
 from embodied_bus.fusion.codec import FRAME_ENCODING, decode_frame, frame_summary
 from embodied_bus.model.sample import Sample
-from embodied_bus.ros.conversions import typestore
+from embodied_bus.rosmsg.conversions import typestore
 
 __all__ = ["McapRecorder", "RecorderError", "record"]
 

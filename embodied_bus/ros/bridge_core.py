@@ -18,7 +18,7 @@ from typing import Any
 from embodied_bus.actions.model import Action, ActionError
 from embodied_bus.fusion.frame import MultiModalFrame
 from embodied_bus.ros.config import FrameRoute
-from embodied_bus.ros.rmw_zenoh import typestore_for
+from embodied_bus.rosmsg.rmw_zenoh import typestore_for
 
 __all__ = [
     "GoalOutcome",

@@ -16,7 +16,7 @@ import yaml
 
 from embodied_bus.errors import BusConfigError
 from embodied_bus.fusion.spec import FusionSpec, spec_from_dict
-from embodied_bus.ros.rmw_zenoh import DEFAULT_ROUTER_ENDPOINT, QosProfile, RmwZenohError
+from embodied_bus.rosmsg.rmw_zenoh import DEFAULT_ROUTER_ENDPOINT, QosProfile, RmwZenohError
 
 __all__ = [
     "ActionRoute",

@@ -1,7 +1,7 @@
 """Bridge between the bus and ROS 2 nodes that use rmw_zenoh, with no rclpy.
 
 The bridge joins the robot's ROS 2 graph as one ROS node over its own Zenoh session in
-rmw_zenoh's format (:mod:`embodied_bus.ros.rmw_zenoh`):
+rmw_zenoh's format (:mod:`embodied_bus.rosmsg.rmw_zenoh`):
 
 * **ROS → bus**: it subscribes to the configured topics and publishes each message, untouched
   CDR, as a bus sample stamped with the message's header stamp (a zero stamp falls back to the
@@ -39,7 +39,6 @@ from embodied_bus.bus import Bus
 from embodied_bus.errors import BusConnectionError, EncodingError
 from embodied_bus.fusion.codec import decode_frame
 from embodied_bus.model.qos import Backpressure, PublisherOptions
-from embodied_bus.replay.reader import modality_of
 from embodied_bus.ros.bridge_core import (
     frame_diagnostics_cdr,
     frame_messages,
@@ -50,7 +49,7 @@ from embodied_bus.ros.bridge_core import (
     string_from_cdr,
 )
 from embodied_bus.ros.config import FrameRoute, RobotConfig, RosLink, TopicRoute
-from embodied_bus.ros.rmw_zenoh import (
+from embodied_bus.rosmsg.rmw_zenoh import (
     DEFAULT_QOS,
     EntityKind,
     QosProfile,
@@ -64,6 +63,7 @@ from embodied_bus.ros.rmw_zenoh import (
     type_hash,
     unpack_attachment,
 )
+from embodied_bus.rosmsg.types import modality_of
 from embodied_bus.streams.publisher import Publisher
 
 __all__ = ["BridgeCounters", "RmwZenohBridge", "rmw_session_config"]

@@ -28,12 +28,11 @@ import time
 from collections import Counter
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol, TypeVar
 
 from cryptography.exceptions import InvalidSignature
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
-from embodied_bus.actions.model import Action
 from embodied_bus.errors import EmbodiedBusError
 from embodied_bus.security.allowlist import AllowList, WatchedAllowList
 from embodied_bus.security.keys import key_id
@@ -45,6 +44,7 @@ __all__ = [
     "ActionRejected",
     "RejectReason",
     "SecurityError",
+    "Signable",
     "Signer",
     "Verifier",
     "signed_bytes",
@@ -61,6 +61,30 @@ DEFAULT_MAX_TTL_S = 3600.0
 #: Clock skew tolerated between planner and executor, seconds.
 DEFAULT_CLOCK_SKEW_S = 5.0
 _AUTH_KEYS = {"v", "key", "nonce", "expires_ns", "aud", "sig"}
+
+
+class Signable(Protocol):
+    """What a signature covers: the fields of an action (:class:`embodied_bus.actions.Action`)."""
+
+    @property
+    def id(self) -> str: ...
+    @property
+    def kind(self) -> str: ...
+    @property
+    def payload(self) -> Any: ...
+    @property
+    def priority(self) -> int: ...
+    @property
+    def deadline_ns(self) -> int | None: ...
+    @property
+    def idempotency_key(self) -> str | None: ...
+    @property
+    def selector(self) -> Any: ...
+    @property
+    def auth(self) -> dict[str, Any] | None: ...
+
+
+SignableT = TypeVar("SignableT", bound=Signable)
 
 
 class SecurityError(EmbodiedBusError):
@@ -90,7 +114,7 @@ class ActionRejected(SecurityError):
         self.reason = reason
 
 
-def signed_bytes(action: Action, auth: dict[str, Any]) -> bytes:
+def signed_bytes(action: Signable, auth: dict[str, Any]) -> bytes:
     """The canonical bytes a signature covers."""
     doc = {
         "id": action.id,
@@ -127,7 +151,7 @@ class Signer:
         """Fingerprint of the public key."""
         return key_id(self.private_key)
 
-    def sign(self, action: Action, *, now_ns: int | None = None) -> Action:
+    def sign(self, action: SignableT, *, now_ns: int | None = None) -> SignableT:
         """A copy of ``action`` with a fresh nonce, an expiry and the signature."""
         if self.audience is None:
             raise SecurityError(
@@ -144,7 +168,7 @@ class Signer:
         }
         sig = self.private_key.sign(signed_bytes(action, auth))
         auth["sig"] = base64.b64encode(sig).decode()
-        return replace(action, auth=auth)
+        return replace(action, auth=auth)  # type: ignore[type-var]
 
 
 class _NonceStore:
@@ -222,7 +246,7 @@ class Verifier:
         self.rejected[reason.value] += 1
         return ActionRejected(reason, message)
 
-    def verify(self, action: Action, *, now_ns: int | None = None) -> str:
+    def verify(self, action: Signable, *, now_ns: int | None = None) -> str:
         """Return the signing key's name if ``action`` may run here.
 
         Raises:
@@ -292,7 +316,7 @@ class Verifier:
         self.accepted += 1
         return entry.name
 
-    def completed(self, action: Action) -> None:
+    def completed(self, action: Signable) -> None:
         """Remember that this signed action ran to completion (a later copy is a replay)."""
         if isinstance(action.auth, dict) and isinstance(action.auth.get("nonce"), str):
             self._nonces.mark_done(action.auth["nonce"])

@@ -7,7 +7,7 @@ from pathlib import Path
 from typing import Any
 
 from embodied_bus.errors import EmbodiedBusError
-from embodied_bus.ros.conversions import typestore
+from embodied_bus.rosmsg.conversions import typestore
 
 __all__ = ["added_latency_series", "load_frame_summaries", "plot_timeline"]
 

@@ -42,7 +42,7 @@ from embodied_bus.actions.pulsar.topics import (
 )
 from embodied_bus.actions.pulsar.worker import PulsarWorker
 from embodied_bus.actions.queue import ActionQueue, Backlog, ExecutorSpec, QueueOptions, Submitted, WorkerLink
-from embodied_bus.engines.pulsar_engine import PulsarEngine, close_handle
+from embodied_bus.engines.pulsar import PulsarEngine, close_handle
 from embodied_bus.errors import BusConfigError
 
 __all__ = ["PulsarQueue", "open_pulsar_queue"]

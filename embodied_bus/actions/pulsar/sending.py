@@ -19,8 +19,8 @@ import pulsar
 
 from embodied_bus.actions.pulsar.records import Event, chunks, encode_record
 from embodied_bus.actions.queue import QueueUnavailable
-from embodied_bus.engines.pulsar_engine import PulsarEngine, close_handle
-from embodied_bus.engines.pulsar_native import send_async
+from embodied_bus.engines.pulsar import PulsarEngine, close_handle
+from embodied_bus.engines.pulsar.native import send_async
 from embodied_bus.errors import BusConnectionError
 
 __all__ = [

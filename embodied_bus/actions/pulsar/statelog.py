@@ -36,8 +36,8 @@ from embodied_bus.actions.model import Action, ActionError, ActionStatus, encode
 from embodied_bus.actions.pulsar.records import Event, chunks, encode_record, parse_records, parse_snapshot
 from embodied_bus.actions.pulsar.sending import LoopInbox, send_settling, unavailable
 from embodied_bus.actions.pulsar.topics import STATE_KEEPER, ActionTopics
-from embodied_bus.engines.pulsar_engine import PulsarEngine, close_handle
-from embodied_bus.engines.pulsar_native import last_message_id_async
+from embodied_bus.engines.pulsar import PulsarEngine, close_handle
+from embodied_bus.engines.pulsar.native import last_message_id_async
 from embodied_bus.errors import BusConnectionError
 
 __all__ = [

@@ -53,8 +53,8 @@ from embodied_bus.actions.queue import (
     parse_announcement,
 )
 from embodied_bus.engines.base import GroupMembership
-from embodied_bus.engines.pulsar_engine import close_handle
-from embodied_bus.engines.pulsar_native import receive_async
+from embodied_bus.engines.pulsar import close_handle
+from embodied_bus.engines.pulsar.native import receive_async
 
 if TYPE_CHECKING:
     from embodied_bus.actions.pulsar.queue import PulsarQueue

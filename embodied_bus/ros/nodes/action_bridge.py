@@ -38,7 +38,7 @@ from embodied_bus.ros.bridge_core import (
     string_from_cdr,
 )
 from embodied_bus.ros.config import ActionRoute
-from embodied_bus.ros.nodes._runtime import NodeParams, run_node, to_asyncio
+from embodied_bus.ros.nodes.runtime import NodeParams, run_node, to_asyncio
 
 __all__ = ["main"]
 

@@ -15,7 +15,7 @@ from embodied_bus.errors import EncodingError
 from embodied_bus.fusion.codec import decode_frame
 from embodied_bus.ros.bridge_core import frame_diagnostics_cdr, frame_messages
 from embodied_bus.ros.config import FrameRoute
-from embodied_bus.ros.nodes._runtime import NodeParams, run_node
+from embodied_bus.ros.nodes.runtime import NodeParams, run_node
 
 __all__ = ["main"]
 

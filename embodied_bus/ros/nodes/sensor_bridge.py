@@ -13,9 +13,9 @@ from typing import Any
 
 from embodied_bus.bus import open_bus
 from embodied_bus.model.qos import Backpressure, PublisherOptions
-from embodied_bus.replay.reader import modality_of
 from embodied_bus.ros.bridge_core import header_of
-from embodied_bus.ros.nodes._runtime import NodeParams, rclpy_qos, run_node
+from embodied_bus.ros.nodes.runtime import NodeParams, rclpy_qos, run_node
+from embodied_bus.rosmsg.types import modality_of
 from embodied_bus.streams.publisher import Publisher
 
 __all__ = ["main"]

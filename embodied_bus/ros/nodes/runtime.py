@@ -10,11 +10,11 @@ import threading
 from collections.abc import Awaitable, Callable
 from typing import Any
 
-from embodied_bus.cli.common import install_stop_signals
 from embodied_bus.engines.urls import DEFAULT_URL
 from embodied_bus.errors import EmbodiedBusError
+from embodied_bus.loop import install_stop_signals
 from embodied_bus.ros.config import RobotConfig, load_robot_config
-from embodied_bus.ros.rmw_zenoh import Durability, History, QosProfile, Reliability
+from embodied_bus.rosmsg.rmw_zenoh import Durability, History, QosProfile, Reliability
 
 __all__ = ["NodeParams", "declare_params", "rclpy_qos", "require_rclpy", "run_node", "to_asyncio"]
 

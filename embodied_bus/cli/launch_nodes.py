@@ -1,8 +1,10 @@
-"""``ros2 run embodied_bus fusion_worker --config robot.yaml [--bus URL] [--ns NS]``
+"""Processes for launch files: ``ros2 run embodied_bus fusion_worker`` and ``queue_service``.
 
-A fusion worker process (no rclpy needed) for launch files: ``embodied-bus fuse`` with the
-robot YAML's ``fusion:`` spec; an empty ``--bus`` or ``--ns`` means the config's ``bus:`` /
-``namespace:``. ROS arguments appended by ``ros2 launch`` are ignored.
+``fusion_worker --config robot.yaml [--bus URL] [--ns NS]`` runs ``embodied-bus fuse`` with the
+robot YAML's ``fusion:`` spec; ``queue_service [--config robot.yaml] [--db FILE] [--bus URL]
+[--ns NS]`` runs the durable action queue service (``embodied-bus queue``). Neither needs rclpy.
+An empty ``--bus`` or ``--ns`` means the config's ``bus:`` / ``namespace:``; ROS arguments
+appended by ``ros2 launch`` are ignored.
 """
 
 from __future__ import annotations
@@ -16,7 +18,7 @@ from embodied_bus.engines.urls import DEFAULT_URL
 from embodied_bus.errors import EmbodiedBusError
 from embodied_bus.ros.config import load_robot_config
 
-__all__ = ["main", "resolve_bus", "strip_ros_args"]
+__all__ = ["fusion_worker", "queue_service", "resolve_bus", "strip_ros_args"]
 
 
 def strip_ros_args(argv: list[str]) -> list[str]:
@@ -48,7 +50,7 @@ def resolve_bus(prog: str, argv: list[str], *, config_required: bool) -> tuple[a
     return args, opts + rest
 
 
-def main(args: list[str] | None = None) -> int:
+def fusion_worker(args: list[str] | None = None) -> int:
     """Run ``embodied-bus fuse`` for the robot YAML."""
     try:
         ns, opts = resolve_bus("fusion_worker", sys.argv[1:] if args is None else args, config_required=True)
@@ -58,5 +60,11 @@ def main(args: list[str] | None = None) -> int:
     return cli_main(["fuse", "--config", ns.config, *opts])
 
 
-if __name__ == "__main__":
-    raise SystemExit(main())
+def queue_service(args: list[str] | None = None) -> int:
+    """Run ``embodied-bus queue``."""
+    try:
+        _, opts = resolve_bus("queue_service", sys.argv[1:] if args is None else args, config_required=False)
+    except EmbodiedBusError as err:
+        print(f"queue_service: error: {err}", file=sys.stderr)
+        return 1
+    return cli_main(["queue", *opts])

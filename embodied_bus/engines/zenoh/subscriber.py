@@ -1,0 +1,136 @@
+"""Zenoh subscriptions and group membership through liveliness tokens."""
+
+from __future__ import annotations
+
+import threading
+from typing import TYPE_CHECKING, Any
+
+import zenoh
+
+from embodied_bus.engines.base import (
+    EngineSubscriber,
+    GroupMembership,
+    MembershipCallback,
+    MessageSink,
+    hand_over_batch,
+)
+from embodied_bus.engines.zenoh.shm import ShmPayload
+from embodied_bus.engines.zenoh.tuning import LAZY_COPY_BYTES
+from embodied_bus.errors import (
+    BusConfigError,
+    HeaderError,
+)
+from embodied_bus.model.wire import (
+    Header,
+    decode_batch_runs,
+    decode_header,
+    is_batch,
+)
+
+if TYPE_CHECKING:
+    from embodied_bus.engines.zenoh.engine import ZenohEngine
+
+
+class ZenohSubscriber(EngineSubscriber):
+    def __init__(self, engine: ZenohEngine, key: str, sink: MessageSink) -> None:
+        deliver = sink.deliver
+        reject = sink.reject
+
+        def decoded(raw: bytes, sample: zenoh.Sample, what: str) -> Header | None:
+            """The header, or None after counting the sample as malformed."""
+            try:
+                return decode_header(raw)
+            except HeaderError as err:
+                reject(HeaderError(f"{what} on {sample.key_expr}: {err}"), None)
+                return None
+
+        def on_sample(sample: zenoh.Sample) -> None:
+            att = sample.attachment
+            if att is None:
+                reject(HeaderError(f"sample on {sample.key_expr} has no header attachment"), None)
+                return
+            raw_att = att.to_bytes()
+            if is_batch(raw_att):
+                body = sample.payload.to_bytes()
+                hand_over_batch(sink, str(sample.key_expr), lambda: decode_batch_runs(raw_att, body), None)
+                return
+            header = decoded(raw_att, sample, "sample")
+            if header is None:
+                return
+            payload = sample.payload
+            size = len(payload)
+            if size < LAZY_COPY_BYTES:
+                deliver(header, payload.to_bytes(), None)
+            else:
+                # Copied when the application takes it, in its own thread: a large buffer is
+                # then allocated and freed by one thread (no page-fault churn across threads),
+                # and a sample dropped by drop_oldest is never copied at all.
+                shm = payload.as_shm()
+                deliver(header, payload if shm is None else ShmPayload(shm, size), None)
+
+        self._sub = engine.session.declare_subscriber(key, on_sample)
+        self._closed = False
+
+    async def close(self) -> None:
+        if not self._closed:
+            self._closed = True
+            try:
+                self._sub.undeclare()  # type: ignore[no-untyped-call]
+            except zenoh.ZError:
+                pass
+
+
+class ZenohMulti(EngineSubscriber):
+    def __init__(self, subs: list[ZenohSubscriber]) -> None:
+        self._subs = subs
+
+    async def close(self) -> None:
+        for sub in self._subs:
+            await sub.close()
+
+
+class ZenohGroup(GroupMembership):
+    """Membership through liveliness tokens ``eb/<ns>/@group/<group>/<member>/<value>``."""
+
+    def __init__(self, engine: ZenohEngine, group: str, on_change: MembershipCallback) -> None:
+        self._engine = engine
+        self._prefix = prefix = f"eb/{engine.settings.namespace}/@group/{group}"
+        self._members: dict[str, str] = {}
+        self._lock = threading.Lock()
+        self._token: Any = None
+        n = len(prefix.split("/"))
+
+        def on_token(sample: zenoh.Sample) -> None:
+            parts = str(sample.key_expr).split("/")
+            if len(parts) != n + 2:
+                return
+            mid, val = parts[n], parts[n + 1]
+            joined = sample.kind == zenoh.SampleKind.PUT
+            with self._lock:
+                if joined:
+                    self._members[mid] = val
+                elif self._members.get(mid) == val:
+                    del self._members[mid]
+                else:
+                    return
+            on_change(mid, val, joined)
+
+        self._sub = engine.session.liveliness().declare_subscriber(f"{prefix}/**", on_token, history=True)
+
+    def members(self) -> dict[str, str]:
+        with self._lock:
+            return dict(self._members)
+
+    async def announce(self, member: str, value: str) -> None:
+        for what, v in (("member", member), ("value", value)):
+            if not v or any(c in v for c in "/*$#?@"):
+                raise BusConfigError(f"invalid group {what} {v!r}")
+        self._token = self._engine.session.liveliness().declare_token(f"{self._prefix}/{member}/{value}")
+
+    async def leave(self) -> None:
+        try:
+            if self._token is not None:
+                self._token.undeclare()
+            self._sub.undeclare()  # type: ignore[no-untyped-call]
+        except zenoh.ZError:
+            pass
