@@ -13,8 +13,8 @@ from embodied_bus.engines.urls import DEFAULT_URL, PulsarSettings, ZenohSettings
 from embodied_bus.errors import BusClosedError, BusConfigError, BusConnectionError
 from embodied_bus.model.clock import BucketClock
 from embodied_bus.model.encoding import ENCODING_RAW
+from embodied_bus.model.header import Modality, validate_stream_name
 from embodied_bus.model.qos import PublisherOptions, SubscriptionOptions
-from embodied_bus.model.wire import Modality, validate_stream_name
 from embodied_bus.streams.publisher import Publisher
 from embodied_bus.streams.subscriber import Subscription
 

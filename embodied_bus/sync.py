@@ -17,8 +17,8 @@ from embodied_bus.actions.queue import Backlog
 from embodied_bus.bus import Bus, open_bus
 from embodied_bus.engines.urls import DEFAULT_URL
 from embodied_bus.errors import BusClosedError
+from embodied_bus.model.header import Header
 from embodied_bus.model.sample import Payload, Sample
-from embodied_bus.model.wire import Header
 from embodied_bus.streams.publisher import Publisher
 from embodied_bus.streams.subscriber import RECV_MANY_DEFAULT, Subscription
 

@@ -47,7 +47,19 @@ def run(samples: list[Sample], spec=SPEC) -> tuple[list[MultiModalFrame], list[o
 def sample(stream: str, stamp_ms: float, seq: int, arrival_ms: float | None = None) -> Sample:
     stamp = T0_NS + int(stamp_ms * MS)
     arrival = T0_NS + int((arrival_ms if arrival_ms is not None else stamp_ms + 1) * MS)
-    h = Header(stream, Modality.OTHER, seq, stamp, 0, 100 * MS, 0, "raw", "", hash(stream) & 0xFFFF, arrival)
+    h = Header(
+        stream=stream,
+        modality=Modality.OTHER,
+        seq=seq,
+        stamp_ns=stamp,
+        bucket=0,
+        bucket_width_ns=100 * MS,
+        bucket_offset_ns=0,
+        encoding="raw",
+        frame_id="",
+        publisher_id=hash(stream) & 0xFFFF,
+        publish_ns=arrival,
+    )
     return Sample(h, b"", arrival)
 
 
@@ -474,7 +486,19 @@ def test_the_fast_member_constructor_builds_an_equal_frozen_member() -> None:
 
     from embodied_bus.fusion.frame import Member, new_member
 
-    h = Header("imu", Modality.IMU, 3, 5, 0, 100, 0, "raw", "imu_link", 1, 6)
+    h = Header(
+        stream="imu",
+        modality=Modality.IMU,
+        seq=3,
+        stamp_ns=5,
+        bucket=0,
+        bucket_width_ns=100,
+        bucket_offset_ns=0,
+        encoding="raw",
+        frame_id="imu_link",
+        publisher_id=1,
+        publish_ns=6,
+    )
     s = Sample(h, b"x", 7)
     fast = new_member(s, 5, -2, True)
     assert fast == Member(s, 5, -2, True) and fast.stamp_fallback is True

@@ -24,18 +24,18 @@ def samples_of(path: Path, topics: list[str], *, stamp: str = "header") -> list[
         stamp_ns = m.stamp_ns if stamp == "header" else m.log_time_ns
         flags = HeaderFlags.STAMP_FALLBACK if stamp_ns == 0 else HeaderFlags.NONE
         h = Header(
-            stream,
-            Modality.parse(modality_of(m.msgtype)),
-            seqs[stream],
-            stamp_ns,
-            0,
-            1,
-            0,
-            f"cdr:{m.msgtype}",
-            m.frame_id,
-            hash(stream) & 0xFFFFFFFF,
-            m.log_time_ns,
-            flags,
+            stream=stream,
+            modality=Modality.parse(modality_of(m.msgtype)),
+            seq=seqs[stream],
+            stamp_ns=stamp_ns,
+            bucket=0,
+            bucket_width_ns=1,
+            bucket_offset_ns=0,
+            encoding=f"cdr:{m.msgtype}",
+            frame_id=m.frame_id,
+            publisher_id=hash(stream) & 0xFFFFFFFF,
+            publish_ns=m.log_time_ns,
+            flags=flags,
         )
         out.append(Sample(h, m.cdr, m.log_time_ns))
     return out

@@ -25,7 +25,23 @@ PC2 = "cdr:sensor_msgs/msg/PointCloud2"
 
 def cloud_sample(points: np.ndarray, stream: str = "lidar", frame_id: str = "lidar") -> Sample:  # type: ignore[type-arg]
     cdr = array_to_pointcloud2_cdr(points, frame_id=frame_id, stamp_ns=1_000)
-    return Sample(Header(stream, Modality.LIDAR, 1, 1_000, 0, 100, 0, PC2, frame_id, 1, 1), cdr, 2)
+    return Sample(
+        Header(
+            stream=stream,
+            modality=Modality.LIDAR,
+            seq=1,
+            stamp_ns=1_000,
+            bucket=0,
+            bucket_width_ns=100,
+            bucket_offset_ns=0,
+            encoding=PC2,
+            frame_id=frame_id,
+            publisher_id=1,
+            publish_ns=1,
+        ),
+        cdr,
+        2,
+    )
 
 
 def sick_cloud() -> Sample:
@@ -35,7 +51,23 @@ def sick_cloud() -> Sample:
         conn, _, raw = next(iter(r.messages(connections=conns)))
         msg = r.deserialize(raw, conn.msgtype)
     cdr = bytes(typestore().serialize_cdr(msg, "sensor_msgs/msg/PointCloud2"))
-    return Sample(Header("cloud", Modality.LIDAR, 1, 1, 0, 100, 0, PC2, "cloud", 1, 1), cdr, 2)
+    return Sample(
+        Header(
+            stream="cloud",
+            modality=Modality.LIDAR,
+            seq=1,
+            stamp_ns=1,
+            bucket=0,
+            bucket_width_ns=100,
+            bucket_offset_ns=0,
+            encoding=PC2,
+            frame_id="cloud",
+            publisher_id=1,
+            publish_ns=1,
+        ),
+        cdr,
+        2,
+    )
 
 
 def test_numpy_points_round_trip_through_pointcloud2_cdr_with_any_fields() -> None:
@@ -80,7 +112,19 @@ def test_merge_clouds_puts_two_lidars_in_the_base_frame() -> None:
         complete=True,
     )
     fs = Sample(
-        Header("frames/f", Modality.FRAME, 1, 50, 0, 100, 0, "ebframe", "", 1, 1),
+        Header(
+            stream="frames/f",
+            modality=Modality.FRAME,
+            seq=1,
+            stamp_ns=50,
+            bucket=0,
+            bucket_width_ns=100,
+            bucket_offset_ns=0,
+            encoding="ebframe",
+            frame_id="",
+            publisher_id=1,
+            publish_ns=1,
+        ),
         bytes(encode_frame(frame)),
         2,
     )

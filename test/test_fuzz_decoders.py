@@ -27,23 +27,19 @@ from embodied_bus.actions.model import Action, ActionError, decode_action, encod
 from embodied_bus.errors import EncodingError, HeaderError
 from embodied_bus.fusion.codec import decode_frame, encode_frame
 from embodied_bus.fusion.frame import Member, MultiModalFrame
+from embodied_bus.model.batches import decode_batch, encode_batch, encode_column_batch, split_batch
 from embodied_bus.model.encoding import decode_npy, encode_npy
-from embodied_bus.model.limits import DecodeLimits
-from embodied_bus.model.sample import Sample
-from embodied_bus.model.wire import (
+from embodied_bus.model.header import (
     Header,
     HeaderFlags,
     HeaderPacker,
     Modality,
-    decode_batch,
     decode_header,
-    decode_properties,
-    encode_batch,
-    encode_column_batch,
     encode_header,
-    encode_properties,
-    split_batch,
 )
+from embodied_bus.model.limits import DecodeLimits
+from embodied_bus.model.properties import decode_properties, encode_properties
+from embodied_bus.model.sample import Sample
 from embodied_bus.ros.bridge_core import parse_submission, string_from_cdr
 from embodied_bus.rosmsg.conversions import (
     ConversionError,
@@ -111,8 +107,8 @@ def mutated(draw: st.DrawFn, valid: bytes) -> bytes:
 
 
 HEADER = Header(
-    "lidar/top", Modality.LIDAR, 7, 1_700_000_000_000_000_000, 17_000_000_000, 100_000_000, 0,
-    "cdr:sensor_msgs/msg/PointCloud2", "velodyne", 42, 1_700_000_000_000_000_100, HeaderFlags(0),
+    stream="lidar/top", modality=Modality.LIDAR, seq=7, stamp_ns=1_700_000_000_000_000_000, bucket=17_000_000_000, bucket_width_ns=100_000_000, bucket_offset_ns=0,
+    encoding="cdr:sensor_msgs/msg/PointCloud2", frame_id="velodyne", publisher_id=42, publish_ns=1_700_000_000_000_000_100, flags=HeaderFlags(0),
 )  # fmt: skip
 
 

@@ -21,14 +21,8 @@ from embodied_bus.model import (
     encode_properties,
     validate_stream_name,
 )
-from embodied_bus.model.wire import (
-    HeaderPacker,
-    decode_batch,
-    encode_batch,
-    is_batch,
-    split_batch,
-    with_header_flags,
-)
+from embodied_bus.model.batches import decode_batch, encode_batch, is_batch, split_batch
+from embodied_bus.model.header import HeaderPacker, with_header_flags
 
 BASE = Header(
     stream="lidar/front",
@@ -156,14 +150,14 @@ def test_a_decoded_batch_equals_its_samples_decoded_one_by_one(
 def test_a_failure_inside_the_one_pass_batch_decoder_falls_back_to_sample_by_sample(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    from embodied_bus.model import wire
+    from embodied_bus.model import batches
 
     def broken(*_args: object) -> None:
         raise ValueError("a bug")
 
     entries = [(encode_header(BASE._replace(seq=i)), b"p") for i in range(1, 41)]
     att, payload = encode_batch(entries)
-    monkeypatch.setattr(wire, "_decode_run", broken)
+    monkeypatch.setattr(batches, "decode_run", broken)
     samples, errors = decode_batch(att, payload)
     assert errors == [] and [h.seq for h, _ in samples] == list(range(1, 41))
 
@@ -407,7 +401,7 @@ def test_a_batch_table_is_little_endian_u32_header_and_payload_lengths_interleav
 def test_a_column_batch_round_trips_to_the_headers_and_payloads_it_was_made_of(sizes: list[int]) -> None:
     import gc
 
-    from embodied_bus.model.wire import COLUMN_LAYOUT, encode_column_batch
+    from embodied_bus.model.batches import COLUMN_LAYOUT, encode_column_batch
 
     n = len(sizes)
     headers = [
@@ -434,7 +428,7 @@ def test_a_column_batch_round_trips_to_the_headers_and_payloads_it_was_made_of(s
 
 
 def _column_batch(**changes: object) -> tuple[bytes, bytes]:
-    from embodied_bus.model.wire import encode_column_batch
+    from embodied_bus.model.batches import encode_column_batch
 
     cols: dict[str, object] = {
         "first": encode_header(BASE._replace(seq=4)),
@@ -467,7 +461,7 @@ def test_a_malformed_column_batch_is_rejected_by_name(att: bytes, payload: bytes
 
 
 def test_column_batch_columns_must_have_one_entry_per_payload() -> None:
-    from embodied_bus.model.wire import encode_column_batch
+    from embodied_bus.model.batches import encode_column_batch
 
     with pytest.raises(ValueError, match="columns of other lengths"):
         encode_column_batch(encode_header(BASE), [1], [1], [1], [1, 2], [b"x"])

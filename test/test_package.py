@@ -113,3 +113,15 @@ def test_nothing_but_the_ros_z_interoperability_tests_reaches_outside_the_reposi
                     found.append(f"{rel}:{n}: {line.strip()}")
     assert not found, "reaches outside the repository:\n" + "\n".join(found)
     assert (ROOT / "test" / "data" / "recordings" / "MANIFEST.md").exists()
+
+
+def test_headers_are_constructed_by_keyword_everywhere_but_the_bulk_decoder() -> None:
+    """Twelve fields are too many to get right by position (a swapped stamp and bucket type-check)."""
+    positional = []
+    for folder in ("embodied_bus", "test", "bench", "examples"):
+        for path in sorted((ROOT / folder).rglob("*.py")):
+            for node in ast.walk(ast.parse(path.read_text())):
+                if isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id == "Header":
+                    if node.args:
+                        positional.append(f"{path.relative_to(ROOT)}:{node.lineno}")
+    assert not positional, positional

@@ -41,7 +41,17 @@ def test_a_timeline_png_is_drawn_from_an_mcap_recording(tmp_path: Path) -> None:
     with McapRecorder(path) as rec:
         for i, (f, t) in enumerate(frames(), 1):
             h = Header(
-                "frames/fused", Modality.FRAME, i, f.reference_stamp_ns, f.bucket, 100, 0, "ebframe", "", 1, t
+                stream="frames/fused",
+                modality=Modality.FRAME,
+                seq=i,
+                stamp_ns=f.reference_stamp_ns,
+                bucket=f.bucket,
+                bucket_width_ns=100,
+                bucket_offset_ns=0,
+                encoding="ebframe",
+                frame_id="",
+                publisher_id=1,
+                publish_ns=t,
             )
             rec.write(Sample(h, bytes(encode_frame(f)), t))
     assert rec.counts["/frames/fused/meta"] >= 49 and rec.counts["/frames/fused/imu"] > 0

@@ -60,7 +60,19 @@ def test_every_sick_point_cloud_layout_becomes_a_structured_array(topic: str, fi
 def test_a_cdr_round_trip_through_a_bus_sample_decodes_the_cloud() -> None:
     msgtype, m = messages(recording(*SICK), "/cloud")[0]
     cdr = bytes(typestore().serialize_cdr(m, msgtype))
-    h = Header("lidar", Modality.LIDAR, 1, 1, 0, 100, 0, f"cdr:{msgtype}", "cloud", 1, 1)
+    h = Header(
+        stream="lidar",
+        modality=Modality.LIDAR,
+        seq=1,
+        stamp_ns=1,
+        bucket=0,
+        bucket_width_ns=100,
+        bucket_offset_ns=0,
+        encoding=f"cdr:{msgtype}",
+        frame_id="cloud",
+        publisher_id=1,
+        publish_ns=1,
+    )
     arr = sample_to_numpy(Sample(h, cdr, 2))
     assert np.array_equal(arr, pointcloud2_to_array(m))
 
@@ -123,7 +135,19 @@ def test_bad_input_raises_conversion_errors() -> None:
         decode_cdr(b"\x00\x01\x00\x00\x01", "sensor_msgs/msg/PointCloud2")
     with pytest.raises(ConversionError, match="cannot decode compressed image"):
         compressed_image_to_array(b"not a jpeg")
-    h = Header("x", Modality.OTHER, 1, 1, 0, 100, 0, "cdr:std_msgs/msg/String", "", 1, 1)
+    h = Header(
+        stream="x",
+        modality=Modality.OTHER,
+        seq=1,
+        stamp_ns=1,
+        bucket=0,
+        bucket_width_ns=100,
+        bucket_offset_ns=0,
+        encoding="cdr:std_msgs/msg/String",
+        frame_id="",
+        publisher_id=1,
+        publish_ns=1,
+    )
     with pytest.raises(ConversionError, match="no NumPy conversion"):
         sample_to_numpy(Sample(h, b"", 1))
 

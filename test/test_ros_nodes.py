@@ -22,8 +22,8 @@ from embodied_bus.cli.launch_nodes import fusion_worker as fusion_worker_main
 from embodied_bus.cli.launch_nodes import resolve_bus, strip_ros_args
 from embodied_bus.fusion.codec import encode_frame
 from embodied_bus.fusion.frame import Member, MultiModalFrame
+from embodied_bus.model.header import Header, HeaderFlags, Modality
 from embodied_bus.model.sample import Sample
-from embodied_bus.model.wire import Header, HeaderFlags, Modality
 from embodied_bus.ros.bridge_core import (
     GoalOutcome,
     frame_diagnostics_cdr,
@@ -180,10 +180,23 @@ def _frame() -> MultiModalFrame:
     pts = np.zeros(3, dtype=[("x", "<f4"), ("y", "<f4"), ("z", "<f4")])
     cdr = array_to_pointcloud2_cdr(pts, frame_id="lidar", stamp_ns=1_000_000_000)
     h = Header(
-        "lidar/top", Modality.LIDAR, 1, 1_000_000_000, 10, 100_000_000, 0,
-        "cdr:sensor_msgs/msg/PointCloud2", "lidar", 7, 1_000_000_100, HeaderFlags(0),
+        stream="lidar/top", modality=Modality.LIDAR, seq=1, stamp_ns=1_000_000_000, bucket=10, bucket_width_ns=100_000_000, bucket_offset_ns=0,
+        encoding="cdr:sensor_msgs/msg/PointCloud2", frame_id="lidar", publisher_id=7, publish_ns=1_000_000_100, flags=HeaderFlags(0),
     )  # fmt: skip
-    npy = Header("imu", Modality.IMU, 1, 1_000_000_000, 10, 100_000_000, 0, "npy", "", 8, 0, HeaderFlags(0))
+    npy = Header(
+        stream="imu",
+        modality=Modality.IMU,
+        seq=1,
+        stamp_ns=1_000_000_000,
+        bucket=10,
+        bucket_width_ns=100_000_000,
+        bucket_offset_ns=0,
+        encoding="npy",
+        frame_id="",
+        publisher_id=8,
+        publish_ns=0,
+        flags=HeaderFlags(0),
+    )
     return MultiModalFrame(
         bucket=10,
         start_ns=1_000_000_000,

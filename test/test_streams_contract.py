@@ -188,7 +188,19 @@ async def test_gaps_duplicates_and_out_of_order_are_counted(bus_pair: BusPair) -
     pub = await bus_pair.publisher_bus.publisher("gps", modality="gps", options=BLOCK)
     await _ready(pub, bus_pair)
     raw = pub._pub  # the engine publisher: send hand-made sequence numbers through the real engine
-    base = Header("gps", Modality.GPS, 1, 1_000, 0, 100_000_000, 0, "raw", "", 42, time.time_ns())
+    base = Header(
+        stream="gps",
+        modality=Modality.GPS,
+        seq=1,
+        stamp_ns=1_000,
+        bucket=0,
+        bucket_width_ns=100_000_000,
+        bucket_offset_ns=0,
+        encoding="raw",
+        frame_id="",
+        publisher_id=42,
+        publish_ns=time.time_ns(),
+    )
     for seq in (1, 2, 5, 3, 3, 6):
         raw.send(base._replace(seq=seq), b"x")
     await pub.flush()
@@ -663,10 +675,23 @@ async def test_samples_of_a_pulsar_batch_dropped_by_drop_oldest_count_as_acknowl
 
 async def test_a_malformed_batch_is_counted_and_its_good_samples_still_delivered(bus_pair: BusPair) -> None:
     from embodied_bus.engines.pulsar import BATCH_PROPERTY, stream_topic
-    from embodied_bus.model.wire import BATCH_LAYOUT, encode_batch, encode_header
+    from embodied_bus.model.batches import BATCH_LAYOUT, encode_batch
+    from embodied_bus.model.header import encode_header
 
     sub = await bus_pair.subscriber_bus.subscribe("scan", options=SubscriptionOptions(capacity=10))
-    good = Header("scan", Modality.LIDAR, 1, 10, 0, 100, 0, "raw", "laser", 99, time.time_ns())
+    good = Header(
+        stream="scan",
+        modality=Modality.LIDAR,
+        seq=1,
+        stamp_ns=10,
+        bucket=0,
+        bucket_width_ns=100,
+        bucket_offset_ns=0,
+        encoding="raw",
+        frame_id="laser",
+        publisher_id=99,
+        publish_ns=time.time_ns(),
+    )
     head, body = encode_batch([(encode_header(good), b"first"), (b"EB\x01broken", b"lost")])
     if bus_pair.engine == "zenoh":  # a batch is an attachment layout
         pub = await bus_pair.publisher_bus.publisher("scan", options=BLOCK)

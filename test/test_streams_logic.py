@@ -16,8 +16,9 @@ from embodied_bus.engines.urls import PulsarSettings, ZenohSettings, parse_bus_u
 from embodied_bus.engines.zenoh.shm import BodyBuffers
 from embodied_bus.engines.zenoh.tuning import BODY_REUSE_MIN_BYTES
 from embodied_bus.model import Header, Modality
+from embodied_bus.model.batches import HeaderRun
+from embodied_bus.model.header import validate_stream_name
 from embodied_bus.model.qos import SubscriptionOptions
-from embodied_bus.model.wire import HeaderRun, validate_stream_name
 from embodied_bus.streams import BoundedBuffer, SequenceTracker, Subscription, Verdict
 from embodied_bus.streams.backpressure import REFUSED, RESUME_FRACTION, STASH_MAX
 from embodied_bus.streams.tracker import MAX_TRACKED_MISSING
@@ -151,7 +152,19 @@ def test_a_batch_handed_over_at_once_is_accounted_as_the_same_samples_one_by_one
     batches: list[list[tuple[int, int]]], runs: bool
 ) -> None:
     def header(pub: int, seq: int) -> Header:
-        return Header("s", Modality.IMU, seq, 1, 0, 100, 0, "raw", "", pub, 0)
+        return Header(
+            stream="s",
+            modality=Modality.IMU,
+            seq=seq,
+            stamp_ns=1,
+            bucket=0,
+            bucket_width_ns=100,
+            bucket_offset_ns=0,
+            encoding="raw",
+            frame_id="",
+            publisher_id=pub,
+            publish_ns=0,
+        )
 
     async def run() -> None:
         loop = asyncio.get_running_loop()
@@ -163,7 +176,23 @@ def test_a_batch_handed_over_at_once_is_accounted_as_the_same_samples_one_by_one
                 first, start = batch[0]
                 batch = [(first, start + i) for i in range(len(batch))]
             items = [
-                (Header("s", Modality.IMU, q, 1, 0, 100, 0, "raw", "", pub, 0), bytes(q)) for pub, q in batch
+                (
+                    Header(
+                        stream="s",
+                        modality=Modality.IMU,
+                        seq=q,
+                        stamp_ns=1,
+                        bucket=0,
+                        bucket_width_ns=100,
+                        bucket_offset_ns=0,
+                        encoding="raw",
+                        frame_id="",
+                        publisher_id=pub,
+                        publish_ns=0,
+                    ),
+                    bytes(q),
+                )
+                for pub, q in batch
             ]
             for h, payload in items:
                 one.deliver(h, payload, None)

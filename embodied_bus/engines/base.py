@@ -13,8 +13,9 @@ from collections.abc import Callable, Sequence
 from typing import Any, Protocol
 
 from embodied_bus.errors import HeaderError
+from embodied_bus.model.batches import HeaderRun
+from embodied_bus.model.header import Header
 from embodied_bus.model.qos import PublisherOptions, SubscriptionOptions
-from embodied_bus.model.wire import Header, HeaderRun
 
 __all__ = [
     "AckFn",

@@ -17,8 +17,8 @@ from dataclasses import dataclass, field
 
 from embodied_bus.fusion.frame import Member, MultiModalFrame, new_member
 from embodied_bus.fusion.spec import FusionSpec, Incomplete, Pick, Role, StreamSpec
+from embodied_bus.model.header import HeaderFlags
 from embodied_bus.model.sample import Sample
-from embodied_bus.model.wire import HeaderFlags
 
 __all__ = [
     "Assembler",

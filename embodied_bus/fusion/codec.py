@@ -13,9 +13,9 @@ from typing import Any
 
 from embodied_bus.errors import EncodingError
 from embodied_bus.fusion.frame import Member, MultiModalFrame
+from embodied_bus.model.header import Header, HeaderFlags, Modality, validate_stream_name
 from embodied_bus.model.limits import DEFAULT_LIMITS, DecodeLimits
 from embodied_bus.model.sample import Sample
-from embodied_bus.model.wire import Header, HeaderFlags, Modality, validate_stream_name
 
 __all__ = ["FRAME_ENCODING", "MAX_FRAME_MEMBERS", "decode_frame", "encode_frame", "frame_summary"]
 
@@ -156,18 +156,18 @@ def decode_frame(
         if width <= 0:
             raise EncodingError(f"frame member {stream!r} has a non-positive bucket width")
         h = Header(
-            stream,
-            modality,
-            _int(d, "seq"),
-            _int(d, "header_stamp_ns"),
-            _int(d, "bucket"),
-            width,
-            _int(d, "offset_ns"),
-            d["encoding"],
-            d["frame_id"],
-            _int(d, "publisher_id"),
-            _int(d, "publish_ns"),
-            HeaderFlags(_int(d, "flags") & 3),
+            stream=stream,
+            modality=modality,
+            seq=_int(d, "seq"),
+            stamp_ns=_int(d, "header_stamp_ns"),
+            bucket=_int(d, "bucket"),
+            bucket_width_ns=width,
+            bucket_offset_ns=_int(d, "offset_ns"),
+            encoding=d["encoding"],
+            frame_id=d["frame_id"],
+            publisher_id=_int(d, "publisher_id"),
+            publish_ns=_int(d, "publish_ns"),
+            flags=HeaderFlags(_int(d, "flags") & 3),
         )
         sample = Sample(h, body[off : off + n], _int(d, "receive_ns"))
         members.setdefault(stream, []).append(

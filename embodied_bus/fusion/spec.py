@@ -27,7 +27,7 @@ import yaml
 
 from embodied_bus.errors import BusConfigError
 from embodied_bus.model.clock import BucketClock
-from embodied_bus.model.wire import validate_stream_name
+from embodied_bus.model.header import validate_stream_name
 
 __all__ = [
     "DEFAULT_LATENESS_NS",

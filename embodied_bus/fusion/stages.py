@@ -27,9 +27,9 @@ import yaml
 from embodied_bus.bus import Bus
 from embodied_bus.errors import BusConfigError, EncodingError
 from embodied_bus.fusion.codec import FRAME_ENCODING, decode_frame
+from embodied_bus.model.header import Modality, validate_stream_name
 from embodied_bus.model.qos import Backpressure, PublisherOptions, SubscriptionOptions
 from embodied_bus.model.sample import Sample
-from embodied_bus.model.wire import Modality, validate_stream_name
 from embodied_bus.rosmsg.conversions import ConversionError, array_to_pointcloud2_cdr, sample_to_numpy
 
 __all__ = ["STAGE_OPS", "Output", "StageSpec", "StageStats", "load_stages", "make_stage", "run_stage"]

@@ -24,9 +24,9 @@ from embodied_bus.fusion.codec import FRAME_ENCODING, encode_frame
 from embodied_bus.fusion.frame import MultiModalFrame
 from embodied_bus.fusion.ownership import OwnershipRing, rendezvous_owner, slot_ranges
 from embodied_bus.fusion.spec import FusionSpec, Pick, Role, SpecError
+from embodied_bus.model.header import Modality
 from embodied_bus.model.qos import Backpressure, PublisherOptions, SubscriptionOptions
 from embodied_bus.model.sample import Sample
-from embodied_bus.model.wire import Modality
 from embodied_bus.streams.publisher import Publisher
 from embodied_bus.streams.subscriber import Subscription
 

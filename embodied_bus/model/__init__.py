@@ -2,18 +2,17 @@
 
 from embodied_bus.model.clock import DEFAULT_BUCKET_WIDTH_NS, BucketClock
 from embodied_bus.model.encoding import ENCODING_NPY, ENCODING_RAW, decode_npy, encode_npy
-from embodied_bus.model.sample import Payload, Sample
-from embodied_bus.model.wire import (
+from embodied_bus.model.header import (
     WIRE_VERSION,
     Header,
     HeaderFlags,
     Modality,
     decode_header,
-    decode_properties,
     encode_header,
-    encode_properties,
     validate_stream_name,
 )
+from embodied_bus.model.properties import decode_properties, encode_properties
+from embodied_bus.model.sample import Payload, Sample
 
 __all__ = [
     "DEFAULT_BUCKET_WIDTH_NS",

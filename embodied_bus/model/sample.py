@@ -10,7 +10,7 @@ import numpy as np
 
 from embodied_bus.errors import EncodingError
 from embodied_bus.model.encoding import ENCODING_NPY, decode_npy
-from embodied_bus.model.wire import Header, Modality
+from embodied_bus.model.header import Header, Modality
 
 __all__ = ["Payload", "Sample"]
 

@@ -10,8 +10,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
+from embodied_bus.model.header import Header, HeaderFlags, Modality
 from embodied_bus.model.sample import Sample
-from embodied_bus.model.wire import Header, HeaderFlags, Modality
 
 if TYPE_CHECKING:
     from embodied_bus.fusion.frame import MultiModalFrame
@@ -95,18 +95,18 @@ def generate(sc: Scenario, *, lost: list[tuple[str, int]] | None = None) -> list
             header_stamp = 0 if stream in sc.zero_stamps else stamp
             flags = HeaderFlags.NONE
             h = Header(
-                stream,
-                mod,
-                seq,
-                header_stamp,
-                0,
-                100 * _MS,
-                0,
-                "raw",
-                stream,
-                pub_id,
-                receive - 100_000,
-                flags,
+                stream=stream,
+                modality=mod,
+                seq=seq,
+                stamp_ns=header_stamp,
+                bucket=0,
+                bucket_width_ns=100 * _MS,
+                bucket_offset_ns=0,
+                encoding="raw",
+                frame_id=stream,
+                publisher_id=pub_id,
+                publish_ns=receive - 100_000,
+                flags=flags,
             )
             out.append(Sample(h, b"", receive))
     out.sort(key=lambda s: (s.receive_ns, s.header.stream))

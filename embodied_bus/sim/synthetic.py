@@ -9,7 +9,7 @@ from typing import Any
 
 import numpy as np
 
-from embodied_bus.model.wire import Modality
+from embodied_bus.model.header import Modality
 from embodied_bus.streams.publisher import Publisher
 
 __all__ = ["DEFAULT_SENSORS", "SensorSpec", "make_payload", "run_sensor"]

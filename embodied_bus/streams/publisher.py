@@ -15,9 +15,9 @@ from embodied_bus.engines.base import EnginePublisher, FastSend, FastSendMany
 from embodied_bus.errors import BusClosedError, HeaderError, PayloadTooLargeError
 from embodied_bus.model.clock import BucketClock
 from embodied_bus.model.encoding import ENCODING_NPY, encode_npy
+from embodied_bus.model.header import Header, HeaderFlags, Modality
 from embodied_bus.model.qos import PublisherOptions
 from embodied_bus.model.sample import Payload
-from embodied_bus.model.wire import Header, HeaderFlags, Modality
 
 __all__ = ["PUBLISH_RUN", "Publisher"]
 
@@ -88,7 +88,17 @@ class Publisher:
         pub_id = self._publisher_id
         self._static = (stream, modality, clock.width_ns, clock.offset_ns, encoding, frame_id, pub_id)
         template = Header(
-            stream, modality, 1, 0, 0, clock.width_ns, clock.offset_ns, encoding, frame_id, pub_id, 0
+            stream=stream,
+            modality=modality,
+            seq=1,
+            stamp_ns=0,
+            bucket=0,
+            bucket_width_ns=clock.width_ns,
+            bucket_offset_ns=clock.offset_ns,
+            encoding=encoding,
+            frame_id=frame_id,
+            publisher_id=pub_id,
+            publish_ns=0,
         )
         try:
             self._fast: FastSend | None = engine_pub.fast_sender(template)
@@ -199,7 +209,18 @@ class Publisher:
             else:
                 self.dropped += 1
             return Header(
-                stream, mod, seq, stamp_ns, bucket, width_ns, offset_ns, enc, frame, pub_id, now_ns, _NONE
+                stream=stream,
+                modality=mod,
+                seq=seq,
+                stamp_ns=stamp_ns,
+                bucket=bucket,
+                bucket_width_ns=width_ns,
+                bucket_offset_ns=offset_ns,
+                encoding=enc,
+                frame_id=frame,
+                publisher_id=pub_id,
+                publish_ns=now_ns,
+                flags=_NONE,
             )
         if self._closed:
             raise BusClosedError(f"publisher for {self._stream!r} is closed")
@@ -236,18 +257,18 @@ class Publisher:
         seq = self._seq + 1
         clock = self._clock
         header = Header(
-            self._stream,
-            self._modality,
-            seq,
-            stamp_ns,
-            (stamp_ns - clock.offset_ns) // clock.width_ns,
-            clock.width_ns,
-            clock.offset_ns,
-            encoding or self._encoding,
-            self._frame_id if frame_id is None else frame_id,
-            self._publisher_id,
-            now_ns,
-            flags,
+            stream=self._stream,
+            modality=self._modality,
+            seq=seq,
+            stamp_ns=stamp_ns,
+            bucket=(stamp_ns - clock.offset_ns) // clock.width_ns,
+            bucket_width_ns=clock.width_ns,
+            bucket_offset_ns=clock.offset_ns,
+            encoding=encoding or self._encoding,
+            frame_id=self._frame_id if frame_id is None else frame_id,
+            publisher_id=self._publisher_id,
+            publish_ns=now_ns,
+            flags=flags,
         )
         accepted = (self._pub.send_from_thread if from_thread else self._pub.send)(header, data)
         self._seq = seq
@@ -312,7 +333,18 @@ class Publisher:
             if backlog > self._high_water:
                 await self._pub.wait_writable()
             return Header(
-                stream, mod, seq, stamp_ns, bucket, width_ns, offset_ns, enc, frame, pub_id, now_ns, _NONE
+                stream=stream,
+                modality=mod,
+                seq=seq,
+                stamp_ns=stamp_ns,
+                bucket=bucket,
+                bucket_width_ns=width_ns,
+                bucket_offset_ns=offset_ns,
+                encoding=enc,
+                frame_id=frame,
+                publisher_id=pub_id,
+                publish_ns=now_ns,
+                flags=_NONE,
             )
         header = self._publish(payload, stamp_ns, encoding, frame_id, stamp_fallback, False)
         if self._backlog() > self._high_water:

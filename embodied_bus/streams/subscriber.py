@@ -12,9 +12,10 @@ from operator import attrgetter, is_
 
 from embodied_bus.engines.base import AckFn, EngineBuffer, EngineSubscriber
 from embodied_bus.errors import BusClosedError, PayloadTooLargeError
+from embodied_bus.model.batches import HeaderRun
+from embodied_bus.model.header import Header
 from embodied_bus.model.qos import SubscriptionOptions
 from embodied_bus.model.sample import Sample
-from embodied_bus.model.wire import Header, HeaderRun
 from embodied_bus.streams.backpressure import REFUSED, BoundedBuffer
 from embodied_bus.streams.stats import StreamStats
 from embodied_bus.streams.tracker import Verdict

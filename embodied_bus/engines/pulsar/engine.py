@@ -44,11 +44,9 @@ from embodied_bus.errors import (
     BusConnectionError,
     HeaderError,
 )
+from embodied_bus.model.header import Header
+from embodied_bus.model.properties import decode_properties
 from embodied_bus.model.qos import Backpressure, PublisherOptions, SubscriptionOptions
-from embodied_bus.model.wire import (
-    Header,
-    decode_properties,
-)
 
 _logger = logging.getLogger("embodied_bus.pulsar")
 

@@ -36,14 +36,10 @@ from embodied_bus.errors import (
     PayloadTooLargeError,
     PublishError,
 )
+from embodied_bus.model.batches import BATCH_LAYOUT, encode_batch
+from embodied_bus.model.header import Header, encode_header
+from embodied_bus.model.properties import encode_header_text
 from embodied_bus.model.qos import Backpressure, PublisherOptions
-from embodied_bus.model.wire import (
-    BATCH_LAYOUT,
-    Header,
-    encode_batch,
-    encode_header,
-    encode_header_text,
-)
 
 _logger = logging.getLogger("embodied_bus.pulsar")
 

@@ -27,13 +27,9 @@ from embodied_bus.engines.pulsar.tuning import ACK_FLUSH_MS, CLOSE_TIMEOUT_S
 from embodied_bus.errors import (
     HeaderError,
 )
-from embodied_bus.model.wire import (
-    BATCH_LAYOUT,
-    Header,
-    HeaderRun,
-    decode_batch_runs,
-    decode_properties,
-)
+from embodied_bus.model.batches import BATCH_LAYOUT, HeaderRun, decode_batch_runs
+from embodied_bus.model.header import Header
+from embodied_bus.model.properties import decode_properties
 
 _logger = logging.getLogger("embodied_bus.pulsar")
 

@@ -31,18 +31,16 @@ from embodied_bus.errors import (
     BusClosedError,
     PublishError,
 )
-from embodied_bus.model.qos import Backpressure, PublisherOptions
-from embodied_bus.model.wire import (
-    MAX_BATCH_SAMPLES,
+from embodied_bus.model.batches import MAX_BATCH_SAMPLES, encode_batch_parts, encode_column_batch
+from embodied_bus.model.header import (
     Header,
     HeaderFlags,
     HeaderPacker,
-    encode_batch_parts,
-    encode_column_batch,
     encode_header,
     encode_strings,
     with_header_flags,
 )
+from embodied_bus.model.qos import Backpressure, PublisherOptions
 
 if TYPE_CHECKING:
     from embodied_bus.engines.zenoh.engine import ZenohEngine

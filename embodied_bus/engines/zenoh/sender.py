@@ -12,9 +12,7 @@ from typing import Any
 
 from embodied_bus.engines.blocking import resolve_none
 from embodied_bus.engines.zenoh.tuning import BATCH_MAX_BYTES, SENDER_RECHECK_S, SLOT_BYTES
-from embodied_bus.model.wire import (
-    MAX_BATCH_SAMPLES,
-)
+from embodied_bus.model.batches import MAX_BATCH_SAMPLES
 
 #: Stamps, buckets and publish times of the template samples a sender thread took, in order.
 Columns = tuple[list[int], list[int], list[int]]

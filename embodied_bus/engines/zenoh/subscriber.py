@@ -20,12 +20,8 @@ from embodied_bus.errors import (
     BusConfigError,
     HeaderError,
 )
-from embodied_bus.model.wire import (
-    Header,
-    decode_batch_runs,
-    decode_header,
-    is_batch,
-)
+from embodied_bus.model.batches import decode_batch_runs, is_batch
+from embodied_bus.model.header import Header, decode_header
 
 if TYPE_CHECKING:
     from embodied_bus.engines.zenoh.engine import ZenohEngine
