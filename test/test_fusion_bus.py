@@ -13,7 +13,8 @@ import pytest
 from embodied_bus import Backpressure, PublisherOptions, SubscriptionOptions
 from embodied_bus.errors import BusClosedError, EncodingError
 from embodied_bus.fusion import decode_frame, encode_frame, load_spec
-from embodied_bus.fusion.worker import FusionWorker, frames_stream
+from embodied_bus.fusion.key_shared import KeyShared
+from embodied_bus.fusion.worker import FusionWorker, ScaleOutMode, frames_stream
 from embodied_bus.sim.scenario import Scenario, generate
 
 from conftest import BusPair, wait_until
@@ -105,7 +106,9 @@ async def test_a_key_shared_worker_never_republishes_a_bucket_another_worker_alr
     samples = generate(Scenario(duration_s=1))
     buckets = sorted({spec.clock.bucket_of(s.stamp_ns) for s in samples if s.stream == "lidar/top"})
     async with open_bus(pulsar_url, namespace=spec.name) as bus:
-        worker = FusionWorker(bus, spec, idle_flush_s=0.3, scale_out="key-shared")
+        worker = FusionWorker(bus, spec, idle_flush_s=0.3, scale_out=ScaleOutMode.KEY_SHARED)
+        ks = worker.scale_out
+        assert isinstance(ks, KeyShared)
         stop = asyncio.Event()
         seen = await bus.subscribe(
             frames_stream(spec), options=SubscriptionOptions(capacity=1000, backpressure=Backpressure.BLOCK)
@@ -119,19 +122,19 @@ async def test_a_key_shared_worker_never_republishes_a_bucket_another_worker_alr
         try:
             await asyncio.wait_for(worker.ready.wait(), 30)
             deadline = time.monotonic() + 30
-            while not worker.slots:  # dealt its Key_Shared slots (a group of one: all of them)
+            while not ks.slots:  # dealt its Key_Shared slots (a group of one: all of them)
                 assert time.monotonic() < deadline, "the worker never took its slots"
                 await asyncio.sleep(0.05)
-            await asyncio.sleep(max(0.0, worker._settle_until - time.monotonic()))
-            assert set(early) <= set(worker._published), "frames from before the start were missed"
+            await asyncio.sleep(max(0.0, ks.settle_until - time.monotonic()))
+            assert set(early) <= set(ks.published_buckets), "frames from before the start were missed"
             # the former owner's other frames, stored just before their samples come back
             for b in late:
                 await former.publish(b"former owner", stamp_ns=spec.clock.start_ns(b) + 1)
             await former.flush()
             # what the worker does before publishing a handed-over bucket: read the frames stream
             # to its end (its tracking subscription alone could still be behind)
-            await worker._sync_published()
-            assert set(buckets) <= set(worker._published)
+            await ks.sync_published()
+            assert set(buckets) <= set(ks.published_buckets)
             pubs = {
                 name: await bus.publisher(name, clock=spec.clock, options=BLOCK_PUB)
                 for name in ("lidar/top", "camera/front", "gps", "imu")
@@ -144,8 +147,8 @@ async def test_a_key_shared_worker_never_republishes_a_bucket_another_worker_alr
                 await pubs[s.stream].publish(b"x", stamp_ns=s.stamp_ns)
             for p in pubs.values():
                 await p.flush()
-            while worker.skipped < len(buckets):
-                assert time.monotonic() < deadline, f"skipped {worker.skipped} of {len(buckets)} buckets"
+            while ks.skipped < len(buckets):
+                assert time.monotonic() < deadline, f"skipped {ks.skipped} of {len(buckets)} buckets"
                 await asyncio.sleep(0.05)
         finally:
             stop.set()
@@ -156,7 +159,7 @@ async def test_a_key_shared_worker_never_republishes_a_bucket_another_worker_alr
             published.append(sample.bucket)
     assert len(published) == len(set(published)), "a bucket was published twice"
     assert set(buckets) <= set(published)
-    assert worker.sync_timeouts == 0
+    assert ks.sync_timeouts == 0
 
 
 async def test_a_fusion_worker_whose_bus_is_closed_under_it_stops_with_a_clear_error(

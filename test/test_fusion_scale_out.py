@@ -228,5 +228,7 @@ async def test_ring_workers_stopping_at_the_same_moment_publish_each_open_bucket
             frames.append(decode_frame((await frames_sub.recv(timeout_s=10)).payload))
     assert sorted(f.bucket for f in frames) == sorted(expected)
     assert all(f.member("lidar/top") and not f.complete for f in frames)
-    assert sum(w.published_on_stop for w in workers) == len(expected)  # none published twice
-    assert all(w.handed_back == len(expected) for w in workers)
+    assert sum(w.scale_out.summary()["published_on_stop"] for w in workers) == len(
+        expected
+    )  # none published twice
+    assert all(w.scale_out.summary()["handed_back"] == len(expected) for w in workers)

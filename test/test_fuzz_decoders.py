@@ -107,9 +107,19 @@ def mutated(draw: st.DrawFn, valid: bytes) -> bytes:
 
 
 HEADER = Header(
-    stream="lidar/top", modality=Modality.LIDAR, seq=7, stamp_ns=1_700_000_000_000_000_000, bucket=17_000_000_000, bucket_width_ns=100_000_000, bucket_offset_ns=0,
-    encoding="cdr:sensor_msgs/msg/PointCloud2", frame_id="velodyne", publisher_id=42, publish_ns=1_700_000_000_000_000_100, flags=HeaderFlags(0),
-)  # fmt: skip
+    stream="lidar/top",
+    modality=Modality.LIDAR,
+    seq=7,
+    stamp_ns=1_700_000_000_000_000_000,
+    bucket=17_000_000_000,
+    bucket_width_ns=100_000_000,
+    bucket_offset_ns=0,
+    encoding="cdr:sensor_msgs/msg/PointCloud2",
+    frame_id="velodyne",
+    publisher_id=42,
+    publish_ns=1_700_000_000_000_000_100,
+    flags=HeaderFlags(0),
+)
 
 
 BATCH = encode_batch([(encode_header(HEADER), b"abc"), (encode_header(HEADER._replace(seq=8)), b"")])
@@ -266,20 +276,37 @@ def _cdr(typename: str) -> bytes:
         )
     if typename == "sensor_msgs/msg/NavSatFix":
         msg = t[typename](
-            header=hdr, status=t["sensor_msgs/msg/NavSatStatus"](status=0, service=1), latitude=47.0,
-            longitude=8.0, altitude=400.0, position_covariance=np.zeros(9), position_covariance_type=0,
-        )  # fmt: skip
+            header=hdr,
+            status=t["sensor_msgs/msg/NavSatStatus"](status=0, service=1),
+            latitude=47.0,
+            longitude=8.0,
+            altitude=400.0,
+            position_covariance=np.zeros(9),
+            position_covariance_type=0,
+        )
     elif typename == "sensor_msgs/msg/Imu":
         msg = t[typename](
-            header=hdr, orientation=t["geometry_msgs/msg/Quaternion"](x=0.0, y=0.0, z=0.0, w=1.0),
-            orientation_covariance=np.zeros(9), angular_velocity=v3, angular_velocity_covariance=np.zeros(9),
-            linear_acceleration=v3, linear_acceleration_covariance=np.zeros(9),
-        )  # fmt: skip
+            header=hdr,
+            orientation=t["geometry_msgs/msg/Quaternion"](x=0.0, y=0.0, z=0.0, w=1.0),
+            orientation_covariance=np.zeros(9),
+            angular_velocity=v3,
+            angular_velocity_covariance=np.zeros(9),
+            linear_acceleration=v3,
+            linear_acceleration_covariance=np.zeros(9),
+        )
     else:
         msg = t[typename](
-            header=hdr, angle_min=-1.0, angle_max=1.0, angle_increment=0.5, time_increment=0.0, scan_time=0.1,
-            range_min=0.1, range_max=10.0, ranges=np.ones(5, np.float32), intensities=np.ones(5, np.float32),
-        )  # fmt: skip
+            header=hdr,
+            angle_min=-1.0,
+            angle_max=1.0,
+            angle_increment=0.5,
+            time_increment=0.0,
+            scan_time=0.1,
+            range_min=0.1,
+            range_max=10.0,
+            ranges=np.ones(5, np.float32),
+            intensities=np.ones(5, np.float32),
+        )
     return bytes(ts.serialize_cdr(msg, typename))
 
 
@@ -404,8 +431,10 @@ def test_limits_are_configurable_and_named_in_errors() -> None:
     with pytest.raises(EncodingError, match="max_string_bytes"):
         decode_frame(_valid_frame(), limits=DecodeLimits(max_string_bytes=3))
     with pytest.raises(ConversionError, match="max_points"):
-        pointcloud2_to_array(decode_cdr(_cdr("sensor_msgs/msg/PointCloud2"), "sensor_msgs/msg/PointCloud2"),
-                             limits=DecodeLimits(max_points=2))  # fmt: skip
+        pointcloud2_to_array(
+            decode_cdr(_cdr("sensor_msgs/msg/PointCloud2"), "sensor_msgs/msg/PointCloud2"),
+            limits=DecodeLimits(max_points=2),
+        )
     with pytest.raises(ActionError, match="max_action_bytes"):
         decode_action(_envelope(), limits=DecodeLimits(max_action_bytes=10))
     with pytest.raises(Exception, match="positive integer"):

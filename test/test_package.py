@@ -121,7 +121,11 @@ def test_headers_are_constructed_by_keyword_everywhere_but_the_bulk_decoder() ->
     for folder in ("embodied_bus", "test", "bench", "examples"):
         for path in sorted((ROOT / folder).rglob("*.py")):
             for node in ast.walk(ast.parse(path.read_text())):
-                if isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id == "Header":
-                    if node.args:
-                        positional.append(f"{path.relative_to(ROOT)}:{node.lineno}")
+                if (
+                    isinstance(node, ast.Call)
+                    and isinstance(node.func, ast.Name)
+                    and node.func.id == "Header"
+                    and node.args
+                ):
+                    positional.append(f"{path.relative_to(ROOT)}:{node.lineno}")
     assert not positional, positional

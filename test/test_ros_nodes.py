@@ -163,14 +163,20 @@ def test_the_fusion_worker_process_runs_the_robot_configs_spec(capsys: pytest.Ca
     port = free_port()
     rc = fusion_worker_main(
         [
-            "--config", str(ROOT / "config" / "robot.yaml"),
-            "--bus", f"zenoh:?listen=tcp/127.0.0.1:{port}",
-            "--ns", "fw",
-            "--duration", "0.2",
+            "--config",
+            str(ROOT / "config" / "robot.yaml"),
+            "--bus",
+            f"zenoh:?listen=tcp/127.0.0.1:{port}",
+            "--ns",
+            "fw",
+            "--duration",
+            "0.2",
             "--json",
-            "--ros-args", "-r", "__node:=fusion_worker",
+            "--ros-args",
+            "-r",
+            "__node:=fusion_worker",
         ]
-    )  # fmt: skip
+    )
     assert rc == 0
     summary = json.loads(capsys.readouterr().out)
     assert summary["frames"] == 0
@@ -180,9 +186,19 @@ def _frame() -> MultiModalFrame:
     pts = np.zeros(3, dtype=[("x", "<f4"), ("y", "<f4"), ("z", "<f4")])
     cdr = array_to_pointcloud2_cdr(pts, frame_id="lidar", stamp_ns=1_000_000_000)
     h = Header(
-        stream="lidar/top", modality=Modality.LIDAR, seq=1, stamp_ns=1_000_000_000, bucket=10, bucket_width_ns=100_000_000, bucket_offset_ns=0,
-        encoding="cdr:sensor_msgs/msg/PointCloud2", frame_id="lidar", publisher_id=7, publish_ns=1_000_000_100, flags=HeaderFlags(0),
-    )  # fmt: skip
+        stream="lidar/top",
+        modality=Modality.LIDAR,
+        seq=1,
+        stamp_ns=1_000_000_000,
+        bucket=10,
+        bucket_width_ns=100_000_000,
+        bucket_offset_ns=0,
+        encoding="cdr:sensor_msgs/msg/PointCloud2",
+        frame_id="lidar",
+        publisher_id=7,
+        publish_ns=1_000_000_100,
+        flags=HeaderFlags(0),
+    )
     npy = Header(
         stream="imu",
         modality=Modality.IMU,
@@ -258,9 +274,19 @@ def test_sensor_bridge_node_publishes_ros_topics_as_bus_streams(tmp_path: Path) 
     )
     url = f"zenoh:?listen=tcp/127.0.0.1:{proc_port}"
     node_proc = subprocess.Popen(
-        [sys.executable, "-m", "embodied_bus.ros.nodes.sensor_bridge", "--ros-args",
-         "-p", f"config:={cfg}", "-p", f"bus:={url}", "-p", "bus_namespace:=rclpy"],
-    )  # fmt: skip
+        [
+            sys.executable,
+            "-m",
+            "embodied_bus.ros.nodes.sensor_bridge",
+            "--ros-args",
+            "-p",
+            f"config:={cfg}",
+            "-p",
+            f"bus:={url}",
+            "-p",
+            "bus_namespace:=rclpy",
+        ],
+    )
     try:
         import rclpy
         from sensor_msgs.msg import PointCloud2
@@ -300,9 +326,19 @@ def test_frame_bridge_node_republishes_frame_members_with_their_types(tmp_path: 
     cfg.write_text("publish:\n  frames: [{stream: frames/fused, namespace: /eb_test_fused}]\n")
     url = f"zenoh:?listen=tcp/127.0.0.1:{proc_port}"
     node_proc = subprocess.Popen(
-        [sys.executable, "-m", "embodied_bus.ros.nodes.frame_bridge", "--ros-args",
-         "-p", f"config:={cfg}", "-p", f"bus:={url}", "-p", "bus_namespace:=rclpyf"],
-    )  # fmt: skip
+        [
+            sys.executable,
+            "-m",
+            "embodied_bus.ros.nodes.frame_bridge",
+            "--ros-args",
+            "-p",
+            f"config:={cfg}",
+            "-p",
+            f"bus:={url}",
+            "-p",
+            "bus_namespace:=rclpyf",
+        ],
+    )
     try:
         import rclpy
         from sensor_msgs.msg import PointCloud2

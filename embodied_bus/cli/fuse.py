@@ -14,7 +14,7 @@ from embodied_bus.fusion.codec import frame_summary
 from embodied_bus.fusion.frame import MultiModalFrame
 from embodied_bus.fusion.spec import load_spec
 from embodied_bus.fusion.stages import load_stages, run_stage
-from embodied_bus.fusion.worker import FusionWorker, frames_stream
+from embodied_bus.fusion.worker import FusionWorker, ScaleOutMode, frames_stream
 from embodied_bus.metrics import MetricsExporter
 
 __all__ = ["add_parser"]
@@ -29,7 +29,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-ar
     p.add_argument("--json", action="store_true", help="print the final summary as JSON")
     p.add_argument(
         "--scale-out",
-        choices=["ring", "key-shared"],
+        choices=[m.value for m in ScaleOutMode],
         default=None,
         help="share buckets with other workers of the same spec: ring (Zenoh ownership ring) "
         "or key-shared (Pulsar Key_Shared slots)",
