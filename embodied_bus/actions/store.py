@@ -9,10 +9,8 @@ length, or until the executor leaves its group.
 
 from __future__ import annotations
 
-import sqlite3
 import time
-from collections.abc import Iterable, Iterator, Mapping, Sequence
-from contextlib import contextmanager
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
@@ -21,27 +19,10 @@ from embodied_bus.actions import lifecycle
 from embodied_bus.actions.lifecycle import Admission
 from embodied_bus.actions.model import Action, ActionError, ActionStatus, decode_action, encode_action
 from embodied_bus.actions.policy import DEFAULT_RETRY, RetryPolicy
+from embodied_bus.actions.table import UPDATE_ACTION, ActionTable
 
 __all__ = ["DEFAULT_KEEP_ENDED", "PRUNE_CHUNK", "ActionStore", "Settled"]
 
-_SCHEMA = """
-CREATE TABLE IF NOT EXISTS actions (
-    id TEXT PRIMARY KEY,
-    kind TEXT NOT NULL,
-    priority INTEGER NOT NULL,
-    deadline_ns INTEGER NOT NULL,
-    idem TEXT UNIQUE,
-    status TEXT NOT NULL,
-    available_ns INTEGER NOT NULL,
-    lease_owner TEXT,
-    lease_until_ns INTEGER,
-    seq INTEGER NOT NULL,
-    body TEXT NOT NULL
-);
-CREATE INDEX IF NOT EXISTS ready ON actions(status, priority DESC, seq);
-CREATE INDEX IF NOT EXISTS deadlines ON actions(deadline_ns) WHERE deadline_ns > 0;
-CREATE INDEX IF NOT EXISTS submitted ON actions(seq);
-"""
 #: Ended actions (succeeded or canceled) a store keeps by default: the newest by submit order.
 #: Dead letters are kept until requeued or purged. Without a bound a robot's queue file grows
 #: for good (10 actions/s fill 26 million rows a month).
@@ -87,88 +68,18 @@ class ActionStore:
         self.pruned = 0
         #: Attempts started on actions that had been started before, since this store was opened.
         self.redeliveries = 0
-        self._db = sqlite3.connect(self.path, isolation_level=None, check_same_thread=False)
-        self._db.execute("PRAGMA journal_mode=WAL")
-        self._db.execute("PRAGMA synchronous=FULL")
-        self._db.executescript(_SCHEMA)
+        self.table = ActionTable(self.path)
         self._newly_expired: list[Action] = []
-        #: Envelopes written by the current (or last) transaction, by action id: replies and
-        #: result notifications reuse them instead of encoding the same action again.
-        self._saved: dict[str, bytes] = {}
-        #: Running actions as this store last wrote them, with their lease owner: a report or a
-        #: checkpoint finds its action here instead of reading and decoding it again. Every
-        #: other write of an action drops it from here; a rolled back transaction clears it.
-        self._leased: dict[str, tuple[Action, str]] = {}
-        (self._seq,) = self._db.execute("SELECT COALESCE(MAX(seq), 0) FROM actions").fetchone()
+        (self._seq,) = self.table.db.execute("SELECT COALESCE(MAX(seq), 0) FROM actions").fetchone()
 
     def close(self) -> None:
         """Close the database."""
-        self._db.close()
-
-    # ------------------------------------------------------------------ helpers
-    @contextmanager
-    def _tx(self, *, durable: bool = True) -> Iterator[sqlite3.Connection]:
-        """One write transaction: committed on success, rolled back on error.
-
-        ``durable`` transactions (submit, cancel, requeue: what a planner was told is done) are
-        fsynced at commit. Execution bookkeeping (lease, renew, checkpoint, reports, sweeps) is
-        not: in WAL mode it survives a process crash (``kill -9``) as it is and reaches the disk
-        with the next durable commit; after a power loss the last of it can be lost, so an
-        action can run again (at least once; idempotency keys make effects happen once).
-        """
-        self._db.execute(f"PRAGMA synchronous={'FULL' if durable else 'NORMAL'}")
-        self._saved.clear()
-        self._db.execute("BEGIN IMMEDIATE")
-        try:
-            yield self._db
-        except BaseException:
-            self._db.execute("ROLLBACK")
-            self._leased.clear()
-            raise
-        self._db.execute("COMMIT")
-
-    _UPDATE = (
-        "UPDATE actions SET status=?, body=?, available_ns=COALESCE(?, available_ns), lease_owner=?, "
-        "lease_until_ns=?, deadline_ns=? WHERE id=?"
-    )
-
-    def _update_params(
-        self, a: Action, available_ns: int | None = None, lease: tuple[str, int] | None = None
-    ) -> tuple[Any, ...]:
-        body = self._saved[a.id] = encode_action(a)
-        if lease is not None:
-            self._leased[a.id] = (a, lease[0])
-        else:
-            self._leased.pop(a.id, None)
-        return (
-            a.status.value,
-            body.decode(),
-            available_ns,
-            lease[0] if lease else None,
-            lease[1] if lease else None,
-            a.deadline_ns,
-            a.id,
-        )
-
-    def _save(
-        self, a: Action, *, available_ns: int | None = None, lease: tuple[str, int] | None = None
-    ) -> None:
-        self._db.execute(self._UPDATE, self._update_params(a, available_ns, lease))
-
-    def _save_held(self, a: Action) -> None:
-        """Write a running action's body, keeping its lease."""
-        self._saved[a.id] = body = encode_action(a)
-        self._db.execute("UPDATE actions SET body=? WHERE id=?", (body.decode(), a.id))
+        self.table.close()
 
     def encoded(self, a: Action) -> bytes:
         """The JSON envelope of ``a`` as the last transaction stored it (encoded now if it
         did not store it)."""
-        body = self._saved.get(a.id)
-        return body if body is not None else encode_action(a)
-
-    def _load(self, action_id: str) -> Action | None:
-        row = self._db.execute("SELECT body FROM actions WHERE id=?", (action_id,)).fetchone()
-        return decode_action(row[0]) if row else None
+        return self.table.encoded(a)
 
     # ------------------------------------------------------------------ planner side
     def submit(self, action: Action, now_ns: int | None = None) -> tuple[Action, bool]:
@@ -198,7 +109,7 @@ class ActionStore:
         now = now_ns if now_ns is not None else _now()
         out: list[tuple[Action, bool]] = []
         seq = self._seq
-        with self._tx() as db:
+        with self.table.tx() as db:
             for action in actions:
                 a = replace(
                     action, status=ActionStatus.QUEUED, attempts=[], created_ns=action.created_ns or now
@@ -232,7 +143,7 @@ class ActionStore:
 
     def get(self, action_id: str) -> Action | None:
         """The action with this id (a restarted planner looks its actions up here)."""
-        return self._load(action_id)
+        return self.table.load(action_id)
 
     def terminal_among(self, action_ids: Sequence[str]) -> list[Action]:
         """The actions among ``action_ids`` that ended (succeeded, dead or canceled)."""
@@ -240,7 +151,7 @@ class ActionStore:
         for i in range(0, len(action_ids), 500):
             chunk = list(action_ids[i : i + 500])
             marks = ",".join("?" * len(chunk))
-            rows = self._db.execute(
+            rows = self.table.db.execute(
                 f"SELECT body FROM actions WHERE id IN ({marks}) AND status IN (?, ?, ?)",
                 (*chunk, *_TERMINAL),
             ).fetchall()
@@ -250,15 +161,15 @@ class ActionStore:
     def cancel(self, action_id: str) -> Action | None:
         """Cancel: a waiting action ends at once; a running one is flagged (its executor sees
         it on its next renewal)."""
-        with self._tx():
-            a = self._load(action_id)
+        with self.table.tx():
+            a = self.table.load(action_id)
             if a is None or a.status.terminal:
                 return a
             if lifecycle.cancel(a):
-                self._save(a)
+                self.table.save(a)
             else:
-                self._leased.pop(a.id, None)
-                self._save_held(a)
+                self.table.leased.pop(a.id, None)
+                self.table.save_held(a)
             return a
 
     # ------------------------------------------------------------------ executor side
@@ -314,7 +225,7 @@ class ActionStore:
         marks = ",".join("?" * len(kinds))
         chosen: list[Action] = []
         updates: list[tuple[Any, ...]] = []
-        with self._tx(durable=False) as db:
+        with self.table.tx(durable=False) as db:
             ids = db.execute(
                 f"SELECT id FROM actions WHERE status IN (?, ?) AND kind IN ({marks}) "
                 "AND available_ns <= ? ORDER BY priority DESC, seq LIMIT ?",
@@ -337,14 +248,14 @@ class ActionStore:
                     if a.attempt_count:
                         self.redeliveries += 1
                     lifecycle.start(a, executor, session, now)
-                    updates.append(self._update_params(a, lease=(executor, now + int(lease_s * 1e9))))
+                    updates.append(self.table.update_params(a, lease=(executor, now + int(lease_s * 1e9))))
                     chosen.append(a)
                     if len(chosen) >= max_actions:
                         break
                 elif verdict in (Admission.EXPIRED, Admission.CANCELED, Admission.EXHAUSTED):
-                    self._save(a)
+                    self.table.save(a)
                     self._ended_on_the_way(a)
-            db.executemany(self._UPDATE, updates)  # one statement for the batch
+            db.executemany(UPDATE_ACTION, updates)  # one statement for the batch
         return chosen
 
     def _ended_on_the_way(self, a: Action) -> None:
@@ -363,11 +274,11 @@ class ActionStore:
         Raises:
             ActionError: It holds no such lease (it was taken back, or never granted).
         """
-        cached = self._leased.get(action_id)
+        cached = self.table.leased.get(action_id)
         if cached is not None and cached[1] == executor:
             a = cached[0]
         else:
-            row = self._db.execute(
+            row = self.table.db.execute(
                 "SELECT lease_owner, body FROM actions WHERE id=? AND status=?",
                 (action_id, ActionStatus.RUNNING.value),
             ).fetchone()
@@ -400,7 +311,7 @@ class ActionStore:
         now = now_ns if now_ns is not None else _now()
         canceled: list[str] = []
         lost: list[str] = []
-        with self._tx(durable=False) as db:
+        with self.table.tx(durable=False) as db:
             for action_id, attempt in leases:
                 try:
                     a = self._held(action_id, executor, attempt, session)
@@ -434,10 +345,10 @@ class ActionStore:
         Raises:
             ActionError: The executor does not hold the lease.
         """
-        with self._tx(durable=False):
+        with self.table.tx(durable=False):
             a = self._held(action_id, executor, attempt, session)
             a.checkpoint = state
-            self._save_held(a)
+            self.table.save_held(a)
 
     def settle(
         self,
@@ -483,7 +394,7 @@ class ActionStore:
         out: list[Settled | ActionError] = []
         batch: list[tuple[Any, ...]] = []
         seen: set[str] = set()
-        with self._tx(durable=False) as db:
+        with self.table.tx(durable=False) as db:
             for action_id, attempt, ok, result, reason, permanent in reports:
                 try:
                     if action_id in seen:  # a second report of one attempt in the batch
@@ -503,19 +414,19 @@ class ActionStore:
                     retry_after_s = decision.retry_after_s
                     if decision.status is ActionStatus.RETRYING:
                         available = now + int(retry_after_s * 1e9)
-                batch.append(self._update_params(a, available))
+                batch.append(self.table.update_params(a, available))
                 out.append(Settled(a, retry_after_s))
-            db.executemany(self._UPDATE, batch)  # one statement for the batch
+            db.executemany(UPDATE_ACTION, batch)  # one statement for the batch
         return out
 
     def _note_late(self, action_id: str, attempt: int | None, ok: bool, reason: str) -> None:
         """A report from an attempt that was closed as lost: the history notes what it did."""
         if attempt is None:
             return
-        a = self._load(action_id)
+        a = self.table.load(action_id)
         if a is not None and lifecycle.late_report(a, attempt, ok=ok, reason=reason):
-            self._leased.pop(a.id, None)
-            self._save_held(a)
+            self.table.leased.pop(a.id, None)
+            self.table.save_held(a)
 
     def ack(self, action_id: str, executor: str, result: Any = None, now_ns: int | None = None) -> Action:
         """The handler returned: the action succeeded with ``result``."""
@@ -548,7 +459,7 @@ class ActionStore:
         process of that name but ``keep_session``. Each counts as a ``lost`` attempt (retried,
         or dead-lettered when exhausted)."""
         now = now_ns if now_ns is not None else _now()
-        with self._tx(durable=False) as db:
+        with self.table.tx(durable=False) as db:
             if executor is None:
                 rows = db.execute(
                     "SELECT id FROM actions WHERE status=? AND lease_until_ns < ?",
@@ -561,7 +472,7 @@ class ActionStore:
                 ).fetchall()
             out = []
             for (aid,) in rows:
-                a = self._load(aid)
+                a = self.table.load(aid)
                 assert a is not None
                 held = a.open_attempt
                 holder = held.session if held is not None else ""
@@ -569,14 +480,14 @@ class ActionStore:
                     continue  # another process of that name holds it
                 decision = lifecycle.lose(a, self.policy, now)
                 available = now + int(decision.retry_after_s * 1e9) if decision.retry_after_s else None
-                self._save(a, available_ns=available)
+                self.table.save(a, available_ns=available)
                 out.append(a)
             return out
 
     def hold_leases(self, until_ns: int) -> int:
         """Let every lease last at least until ``until_ns`` (a queue service that restarts gives
         executors this long to renew what they ran through its absence). Returns how many."""
-        with self._tx(durable=False) as db:
+        with self.table.tx(durable=False) as db:
             return db.execute(
                 "UPDATE actions SET lease_until_ns=? WHERE status=? AND lease_until_ns < ?",
                 (until_ns, ActionStatus.RUNNING.value, until_ns),
@@ -586,7 +497,7 @@ class ActionStore:
     def expire_deadlines(self, now_ns: int | None = None) -> list[Action]:
         """Dead-letter every waiting action whose deadline passed (it is never started)."""
         now = now_ns if now_ns is not None else _now()
-        with self._tx(durable=False) as db:
+        with self.table.tx(durable=False) as db:
             rows = db.execute(
                 "SELECT body FROM actions WHERE status IN (?, ?) AND deadline_ns > 0 AND deadline_ns < ?",
                 (*_READY, now),
@@ -595,14 +506,14 @@ class ActionStore:
             for (body,) in rows:
                 a = decode_action(body)
                 lifecycle.expire(a, now)
-                self._save(a)
+                self.table.save(a)
                 self._ended_on_the_way(a)
                 out.append(a)
             return out
 
     def dead_letters(self) -> list[Action]:
         """Actions in the dead-letter queue, oldest first, with every attempt's reason."""
-        rows = self._db.execute(
+        rows = self.table.db.execute(
             "SELECT body FROM actions WHERE status=? ORDER BY seq", (ActionStatus.DEAD.value,)
         ).fetchall()
         return [decode_action(r[0]) for r in rows]
@@ -610,17 +521,17 @@ class ActionStore:
     def requeue(self, action_id: str, now_ns: int | None = None) -> Action:
         """Give a dead-lettered action a fresh set of attempts (its history is kept)."""
         now = now_ns if now_ns is not None else _now()
-        with self._tx():
-            a = self._load(action_id)
+        with self.table.tx():
+            a = self.table.load(action_id)
             if a is None or a.status is not ActionStatus.DEAD:
                 raise ActionError(f"action {action_id} is not in the dead-letter queue")
             lifecycle.requeue(a, now)
-            self._save(a, available_ns=now)
+            self.table.save(a, available_ns=now)
             return a
 
     def purge_dead(self) -> int:
         """Delete the dead-letter queue; returns how many were removed."""
-        cur = self._db.execute("DELETE FROM actions WHERE status=?", (ActionStatus.DEAD.value,))
+        cur = self.table.db.execute("DELETE FROM actions WHERE status=?", (ActionStatus.DEAD.value,))
         return cur.rowcount
 
     def prune(self) -> int:
@@ -631,13 +542,13 @@ class ActionStore:
         Returns:
             How many were deleted.
         """
-        (ended,) = self._db.execute(
+        (ended,) = self.table.db.execute(
             "SELECT COUNT(*) FROM actions WHERE status IN (?, ?)", _PRUNABLE
         ).fetchone()
         excess = int(ended) - self.keep_ended
         deleted = 0
         while excess > 0:
-            with self._tx(durable=False) as db:
+            with self.table.tx(durable=False) as db:
                 n = db.execute(
                     "DELETE FROM actions WHERE id IN (SELECT id FROM actions WHERE status IN (?, ?) "
                     "ORDER BY seq LIMIT ?)",
@@ -653,7 +564,7 @@ class ActionStore:
     def backlog(self) -> dict[str, dict[str, int]]:
         """Counts per ``kind/p<priority>`` and state (queued, leased, retrying, dead)."""
         out: dict[str, dict[str, int]] = {}
-        for kind, prio, status, n in self._db.execute(
+        for kind, prio, status, n in self.table.db.execute(
             # not the ended ones: the index on status keeps this cheap beside a long history
             "SELECT kind, priority, status, COUNT(*) FROM actions WHERE status IN (?, ?, ?, ?) "
             "GROUP BY kind, priority, status",
@@ -669,5 +580,5 @@ class ActionStore:
         """Totals per state."""
         return {
             str(k): int(v)
-            for k, v in self._db.execute("SELECT status, COUNT(*) FROM actions GROUP BY status")
+            for k, v in self.table.db.execute("SELECT status, COUNT(*) FROM actions GROUP BY status")
         }

@@ -78,6 +78,16 @@ def add_parser(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-ar
     p.set_defaults(func=run)
 
 
+def live_status(elapsed_s: float, replayed: float, worker: FusionWorker, fleet: ActionDemo) -> str:
+    """One line of progress: replay, frames, skew, late samples and actions."""
+    m = worker.metrics.as_dict()
+    return (
+        f"t={elapsed_s:4.1f}s replay {100 * replayed:5.1f}%  frames {m['frames']} complete "
+        f"{m['completeness_pct']}%  skew p99 {fmt_ms(m['skew_p99_ms'])}  late {m['late']}  "
+        f"actions {fleet.progress()}"
+    )
+
+
 async def run(args: argparse.Namespace) -> int:
     if args.synthetic:
         return await run_synthetic(args)
@@ -144,12 +154,7 @@ async def run(args: argparse.Namespace) -> int:
             planner_task = asyncio.create_task(fleet.plan(frame_buckets, replay_task))
             while not replay_task.done():
                 await asyncio.wait({replay_task}, timeout=1.0)
-                m = worker.metrics.as_dict()
-                status = (
-                    f"t={time.monotonic() - t0:4.1f}s replay {100 * progress['frac']:5.1f}%  frames "
-                    f"{m['frames']} complete {m['completeness_pct']}%  skew p99 {fmt_ms(m['skew_p99_ms'])}  "
-                    f"late {m['late']}  actions {fleet.progress()}"
-                )
+                status = live_status(time.monotonic() - t0, progress["frac"], worker, fleet)
                 if tty:
                     print(
                         "\x1b[2J\x1b[H" + status + "\n\n" + fmt_table(stream_rows(monitor), LIVE_COLUMNS),
@@ -197,32 +202,36 @@ async def run(args: argparse.Namespace) -> int:
     if args.json:
         print(json.dumps(summary, indent=2))
     else:
-        print("\nstreams")
-        print(
-            fmt_table(streams, ["stream", "received", "gaps", "dropped", "latency_p50_ms", "latency_p99_ms"])
-        )
-        skew = (
-            "skew n/a (no input but the reference is picked nearest)"
-            if fusion["skew_p99_ms"] is None
-            else f"skew p50/p99 {fusion['skew_p50_ms']}/{fusion['skew_p99_ms']} ms"
-        )
-        print(
-            f"\nfusion: {fusion['frames']} frames, {fusion['completeness_pct']}% complete, presence "
-            f"{fusion['presence_pct']}, {skew}, "
-            f"added latency p99 {fusion['added_latency_on_completion_p99_ms']} ms on completion "
-            f"({fusion['added_latency_p99_ms']} ms with the {fusion['forced']} frames forced out by the "
-            f"lateness bound or the end of the replay), late {fusion['late']}"
-        )
-        print(
-            f"actions: {actions['succeeded']} of {actions['submitted']} succeeded on executors "
-            f"{actions['by_executor']}; {len(actions['retried'])} retried on another executor after a "
-            f"failure; dead letters: {[(d['kind'], d['reasons'][-1]) for d in actions['dead_letters']]}"
-        )
-        print(
-            f"outputs: {summary['outputs']['frames']}, {summary['outputs']['mcap']}, "
-            f"{summary['outputs']['timeline_png']}"
-        )
+        print_summary(summary)
     return 0 if fusion["frames"] > 0 and actions["dead_letters"] else 1
+
+
+def print_summary(summary: dict[str, Any]) -> None:
+    """The demo's summary for a person: streams, fusion, actions and where the outputs are."""
+    streams, fusion, actions = summary["streams"], summary["fusion"], summary["actions"]
+    print("\nstreams")
+    print(fmt_table(streams, ["stream", "received", "gaps", "dropped", "latency_p50_ms", "latency_p99_ms"]))
+    skew = (
+        "skew n/a (no input but the reference is picked nearest)"
+        if fusion["skew_p99_ms"] is None
+        else f"skew p50/p99 {fusion['skew_p50_ms']}/{fusion['skew_p99_ms']} ms"
+    )
+    print(
+        f"\nfusion: {fusion['frames']} frames, {fusion['completeness_pct']}% complete, presence "
+        f"{fusion['presence_pct']}, {skew}, "
+        f"added latency p99 {fusion['added_latency_on_completion_p99_ms']} ms on completion "
+        f"({fusion['added_latency_p99_ms']} ms with the {fusion['forced']} frames forced out by the "
+        f"lateness bound or the end of the replay), late {fusion['late']}"
+    )
+    print(
+        f"actions: {actions['succeeded']} of {actions['submitted']} succeeded on executors "
+        f"{actions['by_executor']}; {len(actions['retried'])} retried on another executor after a "
+        f"failure; dead letters: {[(d['kind'], d['reasons'][-1]) for d in actions['dead_letters']]}"
+    )
+    print(
+        f"outputs: {summary['outputs']['frames']}, {summary['outputs']['mcap']}, "
+        f"{summary['outputs']['timeline_png']}"
+    )
 
 
 #: The planner sends a navigate_to action for every this many fused frames.

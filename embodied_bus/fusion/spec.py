@@ -23,10 +23,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import msgspec
 import yaml
 
 from embodied_bus.errors import BusConfigError
 from embodied_bus.model.clock import BucketClock
+from embodied_bus.model.documents import convert_document
 from embodied_bus.model.header import validate_stream_name
 
 __all__ = [
@@ -36,7 +38,9 @@ __all__ = [
     "Incomplete",
     "Pick",
     "Role",
+    "SpecDocument",
     "SpecError",
+    "StreamDocument",
     "StreamSpec",
     "load_spec",
     "spec_from_dict",
@@ -170,44 +174,74 @@ class FusionSpec:
         return s.max_age_ns if s.max_age_ns is not None else self.clock.width_ns
 
 
-def _ms(where: str, value: Any, *, positive: bool = True, allow_zero: bool = False) -> int:
-    if isinstance(value, bool) or not isinstance(value, (int, float)):
-        raise SpecError(f"{where}: expected a number of milliseconds, got {value!r}")
-    ns = round(float(value) * 1_000_000)
-    if positive and (ns < 0 or (ns == 0 and not allow_zero)):
+def _ms(where: str, value: float, *, allow_zero: bool = False, signed: bool = False) -> int:
+    """Milliseconds as nanoseconds, checked for sign."""
+    ns = round(value * 1_000_000)
+    if not signed and (ns < 0 or (ns == 0 and not allow_zero)):
         raise SpecError(f"{where}: must be {'>= 0' if allow_zero else '> 0'}, got {value!r}")
     return ns
 
 
-def _enum(where: str, cls: type[enum.Enum], value: Any) -> Any:
+class StreamDocument(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
+    """One input of a spec document (``fusion.streams.<name>``); times in milliseconds."""
+
+    role: Role
+    expected_period_ms: float
+    pick: Pick = Pick.NEAREST
+    max_skew_ms: float | None = None
+    max_age_ms: float | None = None
+    clock_offset_ms: float = 0.0
+    lookahead: float = DEFAULT_LOOKAHEAD
+    complete_by_count: bool = True
+    max_delay_ms: float | None = None
+
+    def to_spec(self, name: str, where: str) -> StreamSpec:
+        """The stream's :class:`StreamSpec`.
+
+        Raises:
+            SpecError: A value out of range (named).
+        """
+        if self.role is Role.REFERENCE and self.pick not in (Pick.NEAREST, Pick.LATEST):
+            raise SpecError(
+                f"{where}.pick: the reference stream picks 'nearest' (to the bucket centre) or "
+                f"'latest', not {self.pick.value!r}"
+            )
+        if not 0 <= self.lookahead <= 1:
+            raise SpecError(f"{where}.lookahead: expected a fraction in [0, 1], got {self.lookahead!r}")
+        opt = self.max_skew_ms, self.max_age_ms, self.max_delay_ms
+        return StreamSpec(
+            name=name,
+            role=self.role,
+            pick=self.pick,
+            expected_period_ns=_ms(f"{where}.expected_period_ms", self.expected_period_ms),
+            max_skew_ns=None if opt[0] is None else _ms(f"{where}.max_skew_ms", opt[0], allow_zero=True),
+            max_age_ns=None if opt[1] is None else _ms(f"{where}.max_age_ms", opt[1]),
+            clock_offset_ns=_ms(f"{where}.clock_offset_ms", self.clock_offset_ms, signed=True),
+            lookahead=self.lookahead,
+            complete_by_count=self.complete_by_count,
+            max_delay_ns=None if opt[2] is None else _ms(f"{where}.max_delay_ms", opt[2]),
+        )
+
+
+class SpecDocument(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
+    """A fusion spec as written in YAML (the value under ``fusion:``); times in milliseconds.
+    ``streams`` maps each input's name to a :class:`StreamDocument`."""
+
+    streams: dict[str, Any]
+    bucket_width_ms: float = 100.0
+    bucket_offset_ms: float = 0.0
+    lateness_ms: float = DEFAULT_LATENESS_NS / 1e6
+    incomplete: Incomplete = Incomplete.EMIT
+    late_panes: bool = False
+    jump_ms: float = DEFAULT_JUMP_NS / 1e6
+    name: str = "fused"
+
+
+def _name(where: str, name: Any) -> str:
     try:
-        return cls(value)
-    except ValueError:
-        choices = ", ".join(str(m.value) for m in cls)  # type: ignore[attr-defined]
-        raise SpecError(f"{where}: {value!r} is not one of {choices}") from None
-
-
-_TOP_KEYS = {
-    "bucket_width_ms",
-    "bucket_offset_ms",
-    "lateness_ms",
-    "incomplete",
-    "late_panes",
-    "streams",
-    "jump_ms",
-    "name",
-}
-_STREAM_KEYS = {
-    "role",
-    "pick",
-    "expected_period_ms",
-    "max_skew_ms",
-    "max_age_ms",
-    "clock_offset_ms",
-    "lookahead",
-    "complete_by_count",
-    "max_delay_ms",
-}
+        return validate_stream_name(str(name))
+    except ValueError as err:
+        raise SpecError(f"{where}: {err}") from None
 
 
 def spec_from_dict(doc: Mapping[str, Any], *, where: str = "fusion") -> FusionSpec:
@@ -216,86 +250,29 @@ def spec_from_dict(doc: Mapping[str, Any], *, where: str = "fusion") -> FusionSp
     Raises:
         SpecError: The message names the offending key.
     """
-    if not isinstance(doc, Mapping):
-        raise SpecError(f"{where}: expected a mapping, got {type(doc).__name__}")
-    unknown = set(doc) - _TOP_KEYS
-    if unknown:
-        raise SpecError(f"{where}: unknown key(s) {sorted(unknown)}; known: {sorted(_TOP_KEYS)}")
-    width = _ms(f"{where}.bucket_width_ms", doc.get("bucket_width_ms", 100))
-    offset = _ms(f"{where}.bucket_offset_ms", doc.get("bucket_offset_ms", 0), allow_zero=True)
+    d = convert_document(doc, SpecDocument, where, SpecError)
+    width = _ms(f"{where}.bucket_width_ms", d.bucket_width_ms)
+    offset = _ms(f"{where}.bucket_offset_ms", d.bucket_offset_ms, allow_zero=True)
     if offset >= width:
         raise SpecError(f"{where}.bucket_offset_ms: must be smaller than bucket_width_ms")
-    streams_doc = doc.get("streams")
-    if not isinstance(streams_doc, Mapping) or not streams_doc:
+    if not d.streams:
         raise SpecError(f"{where}.streams: expected a non-empty mapping of stream name to options")
     streams = []
-    for name, opts in streams_doc.items():
+    for name, opts in d.streams.items():
         w = f"{where}.streams.{name}"
-        try:
-            validate_stream_name(str(name))
-        except ValueError as err:
-            raise SpecError(f"{w}: {err}") from None
-        if not isinstance(opts, Mapping):
-            raise SpecError(f"{w}: expected a mapping of options")
-        unknown = set(opts) - _STREAM_KEYS
-        if unknown:
-            raise SpecError(f"{w}: unknown key(s) {sorted(unknown)}; known: {sorted(_STREAM_KEYS)}")
-        if "role" not in opts:
-            raise SpecError(f"{w}.role: missing (reference, required or optional)")
-        if "expected_period_ms" not in opts:
-            raise SpecError(f"{w}.expected_period_ms: missing (nominal sample period)")
-        role = _enum(f"{w}.role", Role, opts["role"])
-        pick = _enum(f"{w}.pick", Pick, opts.get("pick", Pick.NEAREST.value))
-        if role is Role.REFERENCE and pick not in (Pick.NEAREST, Pick.LATEST):
-            raise SpecError(
-                f"{w}.pick: the reference stream picks 'nearest' (to the bucket "
-                f"centre) or 'latest', not {pick.value!r}"
-            )
-        lookahead = opts.get("lookahead", DEFAULT_LOOKAHEAD)
-        if isinstance(lookahead, bool) or not isinstance(lookahead, (int, float)) or not 0 <= lookahead <= 1:
-            raise SpecError(f"{w}.lookahead: expected a fraction in [0, 1], got {lookahead!r}")
-        by_count = opts.get("complete_by_count", True)
-        if not isinstance(by_count, bool):
-            raise SpecError(f"{w}.complete_by_count: expected true or false, got {by_count!r}")
-        streams.append(
-            StreamSpec(
-                name=str(name),
-                role=role,
-                pick=pick,
-                expected_period_ns=_ms(f"{w}.expected_period_ms", opts["expected_period_ms"]),
-                max_skew_ns=_ms(f"{w}.max_skew_ms", opts["max_skew_ms"], allow_zero=True)
-                if "max_skew_ms" in opts
-                else None,
-                max_age_ns=_ms(f"{w}.max_age_ms", opts["max_age_ms"]) if "max_age_ms" in opts else None,
-                clock_offset_ns=_ms(f"{w}.clock_offset_ms", opts.get("clock_offset_ms", 0), positive=False),
-                lookahead=float(lookahead),
-                complete_by_count=by_count,
-                max_delay_ns=_ms(f"{w}.max_delay_ms", opts["max_delay_ms"])
-                if "max_delay_ms" in opts
-                else None,
-            )
-        )
+        stream = convert_document(opts, StreamDocument, w, SpecError)
+        streams.append(stream.to_spec(_name(w, name), w))
     refs = [s.name for s in streams if s.role is Role.REFERENCE]
     if len(refs) != 1:
         raise SpecError(f"{where}.streams: exactly one stream must have role: reference, found {refs}")
-    late_panes = doc.get("late_panes", False)
-    if not isinstance(late_panes, bool):
-        raise SpecError(f"{where}.late_panes: expected true or false, got {late_panes!r}")
-    name = str(doc.get("name", "fused"))
-    try:
-        validate_stream_name(name)
-    except ValueError as err:
-        raise SpecError(f"{where}.name: {err}") from None
     return FusionSpec(
         clock=BucketClock(width_ns=width, offset_ns=offset),
         streams=tuple(streams),
-        lateness_ns=_ms(
-            f"{where}.lateness_ms", doc.get("lateness_ms", DEFAULT_LATENESS_NS / 1e6), allow_zero=True
-        ),
-        incomplete=_enum(f"{where}.incomplete", Incomplete, doc.get("incomplete", "emit")),
-        late_panes=late_panes,
-        jump_ns=_ms(f"{where}.jump_ms", doc.get("jump_ms", DEFAULT_JUMP_NS / 1e6)),
-        name=name,
+        lateness_ns=_ms(f"{where}.lateness_ms", d.lateness_ms, allow_zero=True),
+        incomplete=d.incomplete,
+        late_panes=d.late_panes,
+        jump_ns=_ms(f"{where}.jump_ms", d.jump_ms),
+        name=_name(f"{where}.name", d.name),
     )
 
 

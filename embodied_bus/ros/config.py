@@ -10,12 +10,14 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
+import msgspec
 import yaml
 
 from embodied_bus.errors import BusConfigError
 from embodied_bus.fusion.spec import FusionSpec, spec_from_dict
+from embodied_bus.model.documents import convert_document
 from embodied_bus.rosmsg.rmw_zenoh import DEFAULT_ROUTER_ENDPOINT, QosProfile, RmwZenohError
 
 __all__ = [
@@ -37,6 +39,9 @@ DEFAULT_RESULTS_TOPIC = "/embodied_bus/actions/results"
 
 class RobotConfigError(BusConfigError):
     """The robot YAML is invalid; the message names the key."""
+
+
+_D = TypeVar("_D", bound=msgspec.Struct)
 
 
 @dataclass(frozen=True, slots=True)
@@ -114,39 +119,17 @@ class RobotConfig:
     namespace: str | None = None
 
 
-def _mapping(where: str, value: Any) -> Mapping[str, Any]:
-    if value is None:
-        return {}
-    if not isinstance(value, Mapping):
-        raise RobotConfigError(f"{where}: expected a mapping, got {type(value).__name__}")
+def _topic(where: str, value: str) -> str:
+    if not value.startswith("/") or value.endswith("/") or "//" in value:
+        raise RobotConfigError(f"{where}: {value!r} is not a fully qualified ROS topic (/a/b)")
     return value
 
 
-def _str(where: str, value: Any) -> str:
-    if not isinstance(value, str) or not value:
-        raise RobotConfigError(f"{where}: expected a non-empty string, got {value!r}")
-    return value
-
-
-def _topic(where: str, value: Any) -> str:
-    topic = _str(where, value)
-    if not topic.startswith("/") or topic.endswith("/") or "//" in topic:
-        raise RobotConfigError(f"{where}: {topic!r} is not a fully qualified ROS topic (/a/b)")
-    return topic
-
-
-def _type(where: str, value: Any) -> str:
-    t = _str(where, value)
-    parts = t.split("/")
+def _type(where: str, value: str) -> str:
+    parts = value.split("/")
     if len(parts) != 3 or not all(parts):
-        raise RobotConfigError(f"{where}: {t!r} is not a ROS type (pkg/msg/Name)")
-    return t
-
-
-def _unknown(where: str, doc: Mapping[str, Any], known: set[str]) -> None:
-    extra = set(doc) - known
-    if extra:
-        raise RobotConfigError(f"{where}: unknown key(s) {sorted(extra)}; known: {sorted(known)}")
+        raise RobotConfigError(f"{where}: {value!r} is not a ROS type (pkg/msg/Name)")
+    return value
 
 
 def _qos(where: str, value: Any, default: str) -> QosProfile:
@@ -156,120 +139,159 @@ def _qos(where: str, value: Any, default: str) -> QosProfile:
         raise RobotConfigError(f"{where}: {err}") from None
 
 
+def _doc(doc: Any, cls: type[_D], where: str) -> _D:
+    return convert_document({} if doc is None else doc, cls, where, RobotConfigError)
+
+
+class RosDocument(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
+    """``ros:`` of the robot YAML."""
+
+    domain_id: int = 0
+    distro: str = "jazzy"
+    node_name: str = "embodied_bus_bridge"
+    namespace: str | None = ""
+    connect: list[str] | str = msgspec.field(default_factory=lambda: [DEFAULT_ROUTER_ENDPOINT])
+    host_router: str | None = None
+
+    def link(self, where: str) -> RosLink:
+        if not 0 <= self.domain_id <= 232:
+            raise RobotConfigError(f"{where}.domain_id: expected 0..232, got {self.domain_id!r}")
+        distro = self.distro.lower()
+        if distro == "humble":
+            raise RobotConfigError(
+                f"{where}.distro: humble is not interoperable over rmw_zenoh (no type hashes); "
+                "use jazzy or newer"
+            )
+        if not self.node_name:
+            raise RobotConfigError(f"{where}.node_name: must not be empty")
+        connect = [self.connect] if isinstance(self.connect, str) else self.connect
+        return RosLink(
+            self.domain_id,
+            distro,
+            self.node_name,
+            self.namespace or "",
+            tuple(connect),
+            self.host_router or None,
+        )
+
+
+class TopicDocument(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
+    """A ROS topic of a stream: ``streams.<stream>`` (inbound), or an entry of
+    ``publish.streams`` (outbound, which names its ``stream``)."""
+
+    topic: str
+    type: str
+    qos: Any = None
+    stream: str | None = None
+
+    def route(self, stream: str, where: str, default_qos: str) -> TopicRoute:
+        return TopicRoute(
+            _topic(f"{where}.topic", self.topic),
+            _type(f"{where}.type", self.type),
+            stream,
+            _qos(f"{where}.qos", self.qos, default_qos),
+        )
+
+
+class FramesDocument(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
+    """An entry of ``publish.frames``."""
+
+    stream: str = "frames/fused"
+    namespace: str = "/fused"
+    diagnostics: str | None = None
+
+    def route(self, where: str) -> FrameRoute:
+        ns = _topic(f"{where}.namespace", self.namespace)
+        diagnostics = _topic(f"{where}.diagnostics", self.diagnostics or ns + "/diagnostics")
+        return FrameRoute(self.stream, ns, diagnostics)
+
+
+class PublishDocument(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
+    """``publish:`` of the robot YAML."""
+
+    streams: list[Any] | None = None
+    frames: list[Any] | None = None
+
+
+class RouteDocument(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
+    """``actions.routes.<kind>``."""
+
+    action: str
+    type: str
+    timeout_s: float = 600.0
+
+    def route(self, kind: str, where: str) -> ActionRoute:
+        if self.timeout_s <= 0:
+            raise RobotConfigError(f"{where}.timeout_s: expected seconds > 0, got {self.timeout_s!r}")
+        action_type = _type(f"{where}.type", self.type)
+        if action_type.split("/")[1] != "action":
+            raise RobotConfigError(f"{where}.type: {action_type!r} is not an action type (pkg/action/Name)")
+        return ActionRoute(kind, _topic(f"{where}.action", self.action), action_type, self.timeout_s)
+
+
+class ActionsDocument(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
+    """``actions:`` of the robot YAML."""
+
+    submit_topic: str = DEFAULT_SUBMIT_TOPIC
+    results_topic: str = DEFAULT_RESULTS_TOPIC
+    routes: dict[str, Any] | None = None
+
+
+class RobotDocument(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
+    """The robot YAML; each section is checked as its own document (errors name the entry)."""
+
+    bus: str | None = None
+    namespace: str | None = None
+    ros: Any = None
+    streams: dict[str, Any] | None = None
+    publish: Any = None
+    fusion: Any = None
+    actions: Any = None
+
+
 def robot_config_from_dict(doc: Mapping[str, Any], *, where: str = "robot") -> RobotConfig:
     """Validate a parsed robot YAML.
 
     Raises:
         RobotConfigError: The message names the offending key.
     """
-    doc = _mapping(where, doc)
-    _unknown(where, doc, {"bus", "namespace", "ros", "streams", "publish", "fusion", "actions"})
-    ros_doc = _mapping(f"{where}.ros", doc.get("ros"))
-    _unknown(
-        f"{where}.ros", ros_doc, {"domain_id", "distro", "node_name", "namespace", "connect", "host_router"}
-    )
-    domain = ros_doc.get("domain_id", 0)
-    if isinstance(domain, bool) or not isinstance(domain, int) or not 0 <= domain <= 232:
-        raise RobotConfigError(f"{where}.ros.domain_id: expected 0..232, got {domain!r}")
-    connect = ros_doc.get("connect", [DEFAULT_ROUTER_ENDPOINT])
-    if isinstance(connect, str):
-        connect = [connect]
-    if not isinstance(connect, list) or not all(isinstance(c, str) for c in connect):
-        raise RobotConfigError(f"{where}.ros.connect: expected a list of Zenoh endpoints")
-    host_router = ros_doc.get("host_router")
-    if host_router is not None:
-        host_router = _str(f"{where}.ros.host_router", host_router)
-    distro = str(ros_doc.get("distro", "jazzy")).lower()
-    if distro == "humble":
-        raise RobotConfigError(
-            f"{where}.ros.distro: humble is not interoperable over rmw_zenoh (no type hashes); "
-            "use jazzy or newer"
-        )
-    link = RosLink(
-        domain_id=domain,
-        distro=distro,
-        node_name=_str(f"{where}.ros.node_name", ros_doc.get("node_name", "embodied_bus_bridge")),
-        namespace=str(ros_doc.get("namespace", "") or ""),
-        connect=tuple(connect),
-        host_router=host_router,
-    )
-
-    inbound = []
-    for stream, opts in _mapping(f"{where}.streams", doc.get("streams")).items():
-        w = f"{where}.streams.{stream}"
-        opts = _mapping(w, opts)
-        _unknown(w, opts, {"topic", "type", "qos"})
-        inbound.append(
-            TopicRoute(
-                topic=_topic(f"{w}.topic", opts.get("topic")),
-                ros_type=_type(f"{w}.type", opts.get("type")),
-                stream=str(stream),
-                qos=_qos(f"{w}.qos", opts.get("qos"), "sensor_data"),
-            )
-        )
-
-    pub_doc = _mapping(f"{where}.publish", doc.get("publish"))
-    _unknown(f"{where}.publish", pub_doc, {"streams", "frames"})
+    d = _doc(doc, RobotDocument, where)
+    link = _doc(d.ros, RosDocument, f"{where}.ros").link(f"{where}.ros")
+    inbound = [
+        _doc(opts, TopicDocument, w).route(str(stream), w, "sensor_data")
+        for stream, opts in (d.streams or {}).items()
+        for w in [f"{where}.streams.{stream}"]
+    ]
+    pub = _doc(d.publish, PublishDocument, f"{where}.publish")
     outbound = []
-    for i, item in enumerate(pub_doc.get("streams") or []):
+    for i, item in enumerate(pub.streams or []):
         w = f"{where}.publish.streams[{i}]"
-        item = _mapping(w, item)
-        _unknown(w, item, {"stream", "topic", "type", "qos"})
-        outbound.append(
-            TopicRoute(
-                topic=_topic(f"{w}.topic", item.get("topic")),
-                ros_type=_type(f"{w}.type", item.get("type")),
-                stream=_str(f"{w}.stream", item.get("stream")),
-                qos=_qos(f"{w}.qos", item.get("qos"), "default"),
-            )
-        )
-    frames = []
-    for i, item in enumerate(pub_doc.get("frames") or []):
-        w = f"{where}.publish.frames[{i}]"
-        item = _mapping(w, item)
-        _unknown(w, item, {"stream", "namespace", "diagnostics"})
-        ns = _topic(f"{w}.namespace", item.get("namespace", "/fused"))
-        frames.append(
-            FrameRoute(
-                stream=_str(f"{w}.stream", item.get("stream", "frames/fused")),
-                namespace=ns,
-                diagnostics=_topic(f"{w}.diagnostics", item.get("diagnostics", ns + "/diagnostics")),
-            )
-        )
-
-    fusion = spec_from_dict(doc["fusion"], where=f"{where}.fusion") if doc.get("fusion") else None
-
-    act_doc = _mapping(f"{where}.actions", doc.get("actions"))
-    _unknown(f"{where}.actions", act_doc, {"submit_topic", "results_topic", "routes"})
-    actions = []
-    for kind, opts in _mapping(f"{where}.actions.routes", act_doc.get("routes")).items():
-        w = f"{where}.actions.routes.{kind}"
-        opts = _mapping(w, opts)
-        _unknown(w, opts, {"action", "type", "timeout_s"})
-        timeout = opts.get("timeout_s", 600)
-        if isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or timeout <= 0:
-            raise RobotConfigError(f"{w}.timeout_s: expected seconds > 0, got {timeout!r}")
-        action_type = _type(f"{w}.type", opts.get("type"))
-        if action_type.split("/")[1] != "action":
-            raise RobotConfigError(f"{w}.type: {action_type!r} is not an action type (pkg/action/Name)")
-        actions.append(
-            ActionRoute(str(kind), _topic(f"{w}.action", opts.get("action")), action_type, float(timeout))
-        )
+        t = _doc(item, TopicDocument, w)
+        if not t.stream:
+            raise RobotConfigError(f"{w}.stream: missing")
+        outbound.append(t.route(t.stream, w, "default"))
+    frames = [
+        _doc(item, FramesDocument, w).route(w)
+        for i, item in enumerate(pub.frames or [])
+        for w in [f"{where}.publish.frames[{i}]"]
+    ]
+    acts = _doc(d.actions, ActionsDocument, f"{where}.actions")
+    routes = [
+        _doc(opts, RouteDocument, w).route(str(kind), w)
+        for kind, opts in (acts.routes or {}).items()
+        for w in [f"{where}.actions.routes.{kind}"]
+    ]
     return RobotConfig(
         ros=link,
         inbound=tuple(inbound),
         outbound=tuple(outbound),
         frames=tuple(frames),
-        actions=tuple(actions),
-        submit_topic=_topic(
-            f"{where}.actions.submit_topic", act_doc.get("submit_topic", DEFAULT_SUBMIT_TOPIC)
-        ),
-        results_topic=_topic(
-            f"{where}.actions.results_topic", act_doc.get("results_topic", DEFAULT_RESULTS_TOPIC)
-        ),
-        fusion=fusion,
-        bus=str(doc["bus"]) if doc.get("bus") else None,
-        namespace=str(doc["namespace"]) if doc.get("namespace") else None,
+        actions=tuple(routes),
+        submit_topic=_topic(f"{where}.actions.submit_topic", acts.submit_topic),
+        results_topic=_topic(f"{where}.actions.results_topic", acts.results_topic),
+        fusion=spec_from_dict(d.fusion, where=f"{where}.fusion") if d.fusion else None,
+        bus=d.bus or None,
+        namespace=d.namespace or None,
     )
 
 
