@@ -65,7 +65,7 @@ from embodied_bus.actions import Action, Executor, Planner, QueueService, RetryP
 from embodied_bus.actions.model import encode_action  # noqa: E402
 from embodied_bus.actions.pulsar import RECEIVER_QUEUE_SIZE  # noqa: E402
 from embodied_bus.actions.queue import EXECUTOR_GROUP  # noqa: E402
-from embodied_bus.cli.actions import _at_least_one  # noqa: E402  (the CLI's --prefetch check)
+from embodied_bus.cli.actions import at_least_one  # noqa: E402  (the CLI's --prefetch check)
 from embodied_bus.loop import LOOP_CHOICES, LOOP_ENV, loop_runner  # noqa: E402
 from embodied_bus.testing.ports import free_port  # noqa: E402
 
@@ -516,7 +516,7 @@ def main() -> None:
     )
     p.add_argument(
         "--prefetch",
-        type=_at_least_one,
+        type=at_least_one,
         default=None,
         metavar="N",
         help="Pulsar: the executors' prefetch per priority level (Executor(prefetch=N); default 2); "

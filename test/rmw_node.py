@@ -37,7 +37,7 @@ class RmwNode:
         self.session = zenoh.open(conf)
         self.zid = str(self.session.zid())
         self.name = name
-        self._pubs: dict[str, Any] = {}
+        self.pubs: dict[str, Any] = {}
         self._seq: dict[str, int] = {}
         self._tokens: list[Any] = [
             self.session.liveliness().declare_token(f"@ros2_lv/0/{self.zid}/0/0/NN/%/%/{name}")
@@ -47,10 +47,10 @@ class RmwNode:
 
     def publish(self, topic: str, ros_type: str, cdr: bytes, *, attachment: bool = True) -> None:
         k = key(topic, ros_type)
-        if k not in self._pubs:
-            self._pubs[k] = self.session.declare_publisher(k)
+        if k not in self.pubs:
+            self.pubs[k] = self.session.declare_publisher(k)
             token = (
-                f"@ros2_lv/0/{self.zid}/0/{len(self._pubs)}/MP/%/%/{self.name}/"
+                f"@ros2_lv/0/{self.zid}/0/{len(self.pubs)}/MP/%/%/{self.name}/"
                 f"{topic.replace('/', '%')}/{dds(ros_type)}/{STORE.hash_rihs01(ros_type)}/2::,5:,:,:,,"
             )
             self._tokens.append(self.session.liveliness().declare_token(token))
@@ -58,7 +58,7 @@ class RmwNode:
         self._seq[k] += 1
         gid = xxhash.xxh3_128(k.encode()).digest()[::-1]
         att = struct.pack("<qqB", self._seq[k], time.time_ns(), 16) + gid if attachment else None
-        self._pubs[k].put(cdr, attachment=att)
+        self.pubs[k].put(cdr, attachment=att)
 
     def subscribe(self, key_expr: str) -> None:
         def on_sample(sample: zenoh.Sample) -> None:
@@ -66,7 +66,7 @@ class RmwNode:
             with self.lock:
                 self.received.setdefault(str(sample.key_expr), []).append((sample.payload.to_bytes(), att))
 
-        self._pubs["sub:" + key_expr] = self.session.declare_subscriber(key_expr, on_sample)
+        self.pubs["sub:" + key_expr] = self.session.declare_subscriber(key_expr, on_sample)
 
     def graph(self) -> list[str]:
         """Every liveliness token of domain 0 (what rmw_zenoh's graph cache sees)."""

@@ -723,7 +723,7 @@ async def test_a_pulsar_state_log_whose_reader_broke_reopens_it_and_catches_up(r
     first = await rig.planner.submit("pick")
     assert (await first.result(timeout_s=20)).status is ActionStatus.SUCCEEDED
     state = pulsar_queue(rig).state
-    await asyncio.to_thread(state._reader.close)  # what a reader that cannot reconnect looks like
+    await asyncio.to_thread(state.reader.close)  # what a reader that cannot reconnect looks like
     await state.sync()
     second = await rig.planner.submit("pick")
     assert (await second.result(timeout_s=20)).status is ActionStatus.SUCCEEDED
@@ -863,11 +863,11 @@ async def test_a_pulsar_state_view_forgets_a_wait_for_a_position_its_caller_gave
     queue = pulsar_queue(rig)
     await queue.start()
     state = queue.state
-    beyond = (state._position[0] + 1_000_000, 0)  # a position the log will not reach
+    beyond = (state.position[0] + 1_000_000, 0)  # a position the log will not reach
     with pytest.raises(TimeoutError):
         await asyncio.wait_for(state.reaching(beyond), 0.05)
-    assert state._reach == []
-    reached = state.reaching(state._position)  # one it has reached answers at once
+    assert state.awaited_positions == 0
+    reached = state.reaching(state.position)  # one it has reached answers at once
     assert reached.done()
 
 
@@ -878,7 +878,7 @@ async def test_a_pulsar_state_view_that_cannot_ask_where_the_log_ends_catches_up
         pytest.skip("the state log belongs to the Pulsar backend")
     queue = pulsar_queue(rig)
     await queue.start()
-    await asyncio.to_thread(queue.state._tail.close)  # the broker cannot be asked through it
+    await asyncio.to_thread(queue.state.tail.close)  # the broker cannot be asked through it
     actions = [Action("pick", i) for i in range(1000)]
     await asyncio.to_thread(_write_snapshots, rig, actions, 200)
     before = await asyncio.to_thread(_state_messages, rig)
@@ -901,7 +901,7 @@ async def test_pulsar_executors_of_one_bus_share_one_state_view_until_the_last_o
         assert (await h.result(timeout_s=20)).status is ActionStatus.SUCCEEDED
     shared = first.queue.state
     await first.queue.close()  # one user gone: the view stays open for the other
-    assert shared._reader is not None and shared._users >= 1
+    assert shared.reader is not None and shared.users >= 1
     await shared.sync()
     late = await rig.planner.submit("pick")
     assert (await late.result(timeout_s=20)).result in ("one", "two")
@@ -975,7 +975,7 @@ async def test_what_a_planner_awaits_fails_with_a_clear_error_when_it_or_its_bus
     first = await planner.submit("unheard_of")  # no executor runs it: it stays queued
     result = asyncio.create_task(first.result())  # no timeout: it must not wait for good
     feedback = asyncio.create_task(anext(aiter(first.feedback())))
-    await wait_until(lambda: bool(planner._waiters) and bool(planner._feedback_stops), 10, "waiting")
+    await wait_until(lambda: bool(planner.awaited) and planner.feedback_streams > 0, 10, "waiting")
     await bus.close()
     with pytest.raises(BusClosedError, match=f"no result for action {first.id}: its bus was closed"):
         await asyncio.wait_for(result, 10)
@@ -988,7 +988,7 @@ async def test_what_a_planner_awaits_fails_with_a_clear_error_when_it_or_its_bus
     assert (await rig.planner.get(first.id)).status is ActionStatus.QUEUED  # type: ignore[union-attr]
     second = await rig.planner.submit("unheard_of")
     waiting = asyncio.create_task(second.result())
-    await wait_until(lambda: second.id in rig.planner._waiters, 10, "waiting")
+    await wait_until(lambda: second.id in rig.planner.awaited, 10, "waiting")
     await rig.planner.close()
     with pytest.raises(BusClosedError, match="the planner was closed"):
         await asyncio.wait_for(waiting, 10)

@@ -50,7 +50,7 @@ def test_a_registration_deleted_and_recreated_in_a_loop_is_seen_as_flapping(
     broker = broker_with_log(tmp_path, monkeypatch)
     writer = append_during_watch(broker.log_path, 200)
     try:
-        assert broker._registration_flapping()
+        assert broker.registration_flapping()
     finally:
         writer.join()
 
@@ -59,7 +59,7 @@ def test_a_registration_that_settled_is_not_flapping(tmp_path: Path, monkeypatch
     broker = broker_with_log(tmp_path, monkeypatch)
     writer = append_during_watch(broker.log_path, 2)  # one re-registration: delete, create
     try:
-        assert not broker._registration_flapping()
+        assert not broker.registration_flapping()
     finally:
         writer.join()
 

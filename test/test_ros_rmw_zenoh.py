@@ -250,7 +250,7 @@ async def rig(tmp_path: Path) -> AsyncIterator[Rig]:
 
 async def _wait_matched(node: RmwNode, topic: str, ros_type: str) -> None:
     node.publish(topic, ros_type, b"", attachment=False)  # declares the publisher; dropped (no attachment)
-    pub = node._pubs[key(topic, ros_type)]
+    pub = node.pubs[key(topic, ros_type)]
     await wait_until(lambda: pub.matching_status.matching, 10, f"bridge subscribed to {topic}")
 
 

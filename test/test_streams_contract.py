@@ -187,7 +187,7 @@ async def test_gaps_duplicates_and_out_of_order_are_counted(bus_pair: BusPair) -
     sub = await bus_pair.subscriber_bus.subscribe("gps", options=SubscriptionOptions(capacity=100))
     pub = await bus_pair.publisher_bus.publisher("gps", modality="gps", options=BLOCK)
     await _ready(pub, bus_pair)
-    raw = pub._pub  # the engine publisher: send hand-made sequence numbers through the real engine
+    raw = pub.engine_publisher  # send hand-made sequence numbers through the real engine
     base = Header(
         stream="gps",
         modality=Modality.GPS,
@@ -538,17 +538,17 @@ async def test_a_lossless_publisher_keeps_a_bounded_number_of_bytes_in_flight(bu
     )
     pub = await bus_pair.publisher_bus.publisher("lidar", options=BLOCK)
     await _ready(pub, bus_pair)
-    engine_pub = pub._pub  # type: ignore[attr-defined]
+    engine_pub = pub.engine_publisher  # type: ignore[attr-defined]
     if bus_pair.engine == "zenoh":
         limit = SENDER_HIGH_WATER_BYTES
 
         def in_flight() -> int:
-            return sum(map(len, list(engine_pub._sender._payloads)))
+            return sum(map(len, list(engine_pub.sender.payloads)))
     else:
         limit = PULSAR_HIGH_WATER * PULSAR_SLOT_BYTES
 
         def in_flight() -> int:
-            return int(engine_pub._sent_bytes - engine_pub._confirmed_bytes)
+            return int(engine_pub.sent_bytes - engine_pub.confirmed_bytes)
 
     most = 0
 
@@ -605,7 +605,7 @@ async def test_a_burst_of_small_samples_goes_out_batched_and_arrives_whole_in_or
     assert [s.header.frame_id for s in got[:3]] == [f"imu{i % frames}" for i in range(3)]
     assert [s.stamp_ns for s in got[-2:]] == [1_000 + n - 2, 1_000 + n - 1]
     assert sub.counters()["gaps"] == 0 and sub.malformed == 0
-    assert pub._pub.batches > 0, "no batch was sent"  # type: ignore[attr-defined]
+    assert pub.engine_publisher.batches > 0, "no batch was sent"  # type: ignore[attr-defined]
     if bus_pair.engine == "pulsar":  # what the broker stored reads back sample by sample
         stored = await bus_pair.subscriber_bus.engine.stored_headers(
             "imu", since_ns=t0 - 1_000_000_000, timeout_s=20
@@ -619,7 +619,7 @@ async def _batched_burst(pair: BusPair, n: int) -> Publisher:
     for i in range(n):  # no await: the broker falls behind and batches form
         pub.publish_nowait(bytes([i % 256]) * 1024, stamp_ns=1_000 + i)
     await pub.flush()
-    assert pub._pub.batches > 1, "not several batches"  # type: ignore[attr-defined]
+    assert pub.engine_publisher.batches > 1, "not several batches"  # type: ignore[attr-defined]
     return pub
 
 

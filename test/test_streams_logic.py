@@ -510,21 +510,21 @@ def test_the_zenoh_sender_cuts_a_burst_into_the_same_puts_on_its_fast_and_genera
     def puts(fast: bool) -> list[tuple[bytes, bytes]]:
         out: list[tuple[bytes, bytes]] = []
         fake = SimpleNamespace(
-            _put=lambda body, attachment: out.append((bytes(attachment), bytes(body))),
-            _shm_threshold=None,
+            put=lambda body, attachment: out.append((bytes(attachment), bytes(body))),
+            shm_threshold=None,
             batches=0,
-            _bodies=BodyBuffers(256 * 1024),
+            bodies=BodyBuffers(256 * 1024),
         )
-        fake._put_one = lambda body, att: ZenohPublisher._put_one(fake, body, att)  # type: ignore[arg-type]
-        fake._put_run = lambda atts, bodies: ZenohPublisher._put_run(fake, atts, bodies)  # type: ignore[arg-type]
+        fake.put_one = lambda body, att: ZenohPublisher.put_one(fake, body, att)  # type: ignore[arg-type]
+        fake.put_run = lambda atts, bodies: ZenohPublisher.put_run(fake, atts, bodies)  # type: ignore[arg-type]
         if fast:
             atts = [att for _, att, _ in items]
             bodies = [body for body, _, _ in items]
             sizes = [len(a) + len(b) for a, b in zip(atts, bodies, strict=True)]
-            assert ZenohPublisher._put_small(fake, atts, bodies, sizes) is None  # type: ignore[arg-type]
+            assert ZenohPublisher.put_small(fake, atts, bodies, sizes) is None  # type: ignore[arg-type]
         else:
             bodies, atts = [body for body, _, _ in items], [att for _, att, _ in items]
-            assert ZenohPublisher._put_mixed(fake, bodies, atts) is None  # type: ignore[arg-type]
+            assert ZenohPublisher.put_mixed(fake, bodies, atts) is None  # type: ignore[arg-type]
         return out
 
     assert puts(fast=True) == puts(fast=False)
@@ -544,12 +544,12 @@ async def test_a_flush_returns_even_when_a_wake_up_is_lost_or_the_counts_disagre
 
     sender = SenderThread("t", put_all, 4, asyncio.get_running_loop())
     try:
-        sender._wake_all = lambda: None  # type: ignore[method-assign]  # every wake-up lost
+        sender.wake_all = lambda: None  # type: ignore[method-assign]  # every wake-up lost
         for i in range(3):
             sender.push(b"x%d" % i, b"h", 2)
         await asyncio.wait_for(sender.wait_below(0), 5 * SENDER_RECHECK_S)
         assert put == [b"x0", b"x1", b"x2"] and sender.backlog() == 0
-        sender._pushed_slots += 2  # counted, never queued
+        sender.pushed_slots += 2  # counted, never queued
         await asyncio.wait_for(sender.wait_below(0), 5 * SENDER_RECHECK_S)
     finally:
         sender.close()
@@ -605,7 +605,7 @@ def test_stream_stats_compute_run_latencies_when_asked_and_keep_only_the_recent_
         assert st.observe_run(7, seq, [10] * 100, receive_ns, publish_ns)
         seq += 100
     assert st.received == 4000 and st.bytes == 40_000
-    assert LATENCY_WINDOW <= st._latency_run_samples < LATENCY_WINDOW + 100
+    assert LATENCY_WINDOW <= st.latency_run_samples < LATENCY_WINDOW + 100
     p50, p99 = st.latency_percentiles_ms()
     assert 49.0 <= p50 <= 52.0 and 98.0 <= p99 <= 100.0
     assert not st.observe_run(7, 5, [10] * 3, 10**18, (1, 2, 3))  # not after the last seen

@@ -111,7 +111,7 @@ async def test_zenoh_access_control_from_a_config_file_drops_what_it_denies(tmp_
         assert got == ["lidar"] * 5
         with pytest.raises(TimeoutError):
             await sub.recv(timeout_s=0.5)
-        assert not denied._pub.has_subscribers()
+        assert not denied.engine_publisher.has_subscribers()
 
 
 def listening_tcp_ports() -> set[int]:

@@ -134,6 +134,16 @@ class Planner:
         for stop in list(self._feedback_stops):
             stop(BusClosedError(f"the planner stopped receiving feedback: {why}"))
 
+    @property
+    def awaited(self) -> frozenset[str]:
+        """Ids of the actions whose results are being awaited (for monitoring and tests)."""
+        return frozenset(self._waiters)
+
+    @property
+    def feedback_streams(self) -> int:
+        """Feedback streams open (for monitoring and tests)."""
+        return len(self._feedback_stops)
+
     async def close(self) -> None:
         """Stop listening for results (and release what the queue backend opened). Results
         still awaited fail with :class:`BusClosedError`."""

@@ -22,6 +22,7 @@ import enum
 import time
 from collections.abc import Callable, Collection, Mapping
 from dataclasses import dataclass
+from typing import NamedTuple
 
 from embodied_bus.actions.model import Action, ActionStatus, Attempt, Outcome
 from embodied_bus.actions.policy import RetryPolicy
@@ -30,6 +31,7 @@ __all__ = [
     "EXPIRED_REASON",
     "Admission",
     "Decision",
+    "Version",
     "admit",
     "cancel",
     "expire",
@@ -234,9 +236,20 @@ def late_report(a: Action, number: int, *, ok: bool, reason: str) -> bool:
     return True
 
 
-def version(a: Action) -> tuple[int, int, bool]:
+class Version(NamedTuple):
+    """How far an action's history has come; versions order as the history grows."""
+
+    #: Attempts before this count against the retry budget no more (a requeue moves it).
+    budget_from: int
+    #: Attempts started.
+    attempts: int
+    #: Whether the last attempt ended.
+    last_ended: bool
+
+
+def version(a: Action) -> Version:
     """How far an action's history has come: budget, attempts, and whether the last one ended."""
-    return (a.budget_from, len(a.attempts), not (a.attempts and a.attempts[-1].open))
+    return Version(a.budget_from, len(a.attempts), not (a.attempts and a.attempts[-1].open))
 
 
 def is_newer(new: Action, old: Action) -> bool:

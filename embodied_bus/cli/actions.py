@@ -22,7 +22,7 @@ from embodied_bus.cli.common import add_bus_args, add_metrics_arg, fmt_table, in
 from embodied_bus.errors import BusConfigError
 from embodied_bus.security import Sealer, Signer, Trust, Verifier, WatchedAllowList, load_private_key
 
-__all__ = ["ActionsView", "add_parsers", "load_handlers"]
+__all__ = ["ActionsView", "add_parsers", "at_least_one", "load_handlers"]
 
 _log = logging.getLogger(__name__)
 
@@ -53,10 +53,10 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-a
         help="a dict of kind -> async handler(action, ctx), e.g. myrobot.actions:HANDLERS",
     )
     p.add_argument("--name", default=None)
-    p.add_argument("--concurrency", type=_at_least_one, default=1, help="handlers running at once")
+    p.add_argument("--concurrency", type=at_least_one, default=1, help="handlers running at once")
     p.add_argument(
         "--prefetch",
-        type=_at_least_one,
+        type=at_least_one,
         default=None,
         metavar="N",
         help="Pulsar: actions per priority level fetched ahead of a free slot (default 2; more moves "
@@ -153,7 +153,7 @@ def _nonce_db(args: argparse.Namespace, namespace: str) -> Path:
 def _add_retry_args(p: argparse.ArgumentParser, where: str = "") -> None:
     p.add_argument(
         "--max-attempts",
-        type=_at_least_one,
+        type=at_least_one,
         default=DEFAULT_RETRY.max_attempts,
         help=f"{where}tries before dead-lettering (default {DEFAULT_RETRY.max_attempts})",
     )
@@ -257,7 +257,7 @@ def _at_least_zero(text: str) -> int:
     return _at_least(0, text)
 
 
-def _at_least_one(text: str) -> int:
+def at_least_one(text: str) -> int:
     """An argparse type: an integer >= 1."""
     return _at_least(1, text)
 

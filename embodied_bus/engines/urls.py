@@ -25,8 +25,9 @@ Every URL accepts ``ns=<robot namespace>`` and ``timeout=<seconds>`` (connect ti
 from __future__ import annotations
 
 import re
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from urllib.parse import parse_qs, urlsplit
+from urllib.parse import SplitResult, parse_qs, urlsplit
 
 from embodied_bus.errors import BusConfigError
 
@@ -195,6 +196,122 @@ def _split_list(values: list[str]) -> tuple[str, ...]:
     return tuple(out)
 
 
+@dataclass(frozen=True, slots=True)
+class _ParsedUrl:
+    """A bus URL split up, with the options every engine takes already read."""
+
+    url: str
+    parts: SplitResult
+    #: Every value of each option, in order.
+    query: dict[str, list[str]]
+    #: The last value of each engine option (``ns`` and ``timeout`` taken out).
+    options: dict[str, str]
+    namespace: str
+    connect_timeout_s: float
+
+    def check_known(self, engine: str, known: set[str]) -> None:
+        unknown = set(self.options) - known
+        if unknown:
+            every = sorted(known | {"ns", "timeout"})
+            raise BusConfigError(f"unknown {engine} URL option(s) {sorted(unknown)}; known: {every}")
+
+
+def _parse(url: str, namespace: str | None, connect_timeout_s: float | None) -> _ParsedUrl:
+    if not isinstance(url, str) or not url:
+        raise BusConfigError(f"bus URL must be a non-empty string, got {url!r}")
+    parts = urlsplit(url)
+    try:
+        query = parse_qs(parts.query, keep_blank_values=True, strict_parsing=bool(parts.query))
+    except ValueError as err:
+        raise BusConfigError(f"malformed query in bus URL {url!r}: {err}") from err
+    last = {k: v[-1] for k, v in query.items()}
+    ns = last.pop("ns", DEFAULT_NAMESPACE)
+    timeout = last.pop("timeout", None)
+    try:
+        timeout_s = (
+            connect_timeout_s
+            if connect_timeout_s is not None
+            else float(timeout or DEFAULT_CONNECT_TIMEOUT_S)
+        )
+    except ValueError as err:
+        raise BusConfigError(f"URL option timeout must be a number of seconds: {err}") from err
+    if timeout_s <= 0:
+        raise BusConfigError(f"connect timeout must be positive, got {timeout_s}")
+    return _ParsedUrl(url, parts, query, last, namespace if namespace is not None else ns, timeout_s)
+
+
+_ZENOH_OPTIONS = {
+    "mode",
+    "listen",
+    "connect",
+    "scouting",
+    "shm",
+    "shm_pool",
+    "config",
+    "tls_ca",
+    "tls_cert",
+    "tls_key",
+    "mtls",
+}
+_PULSAR_OPTIONS = {"tenant", "pulsar_namespace", "tls_ca", "tls_allow_insecure", "token", "token_file"}
+
+
+def _zenoh_settings(u: _ParsedUrl) -> ZenohSettings:
+    connect = list(_split_list(u.query.get("connect", [])))
+    if u.parts.hostname:
+        connect.insert(0, f"tcp/{u.parts.hostname}:{u.parts.port or 7447}")
+    u.check_known("zenoh", _ZENOH_OPTIONS)
+    opt = u.options
+    scouting = opt.get("scouting", "off").lower()
+    if scouting not in ("off", "multicast"):
+        raise BusConfigError(f"URL option scouting must be 'off' or 'multicast', got {scouting!r}")
+    return ZenohSettings(
+        mode=opt.get("mode", "peer"),
+        listen=_split_list(u.query.get("listen", [])),
+        connect=tuple(connect),
+        multicast_scouting=scouting == "multicast",
+        shm=_flag("shm", opt["shm"]) if "shm" in opt else None,
+        shm_pool_bytes=_size("shm_pool", opt["shm_pool"]) if "shm_pool" in opt else None,
+        config_file=opt.get("config") or None,
+        connect_timeout_s=u.connect_timeout_s,
+        namespace=u.namespace,
+        tls_ca=opt.get("tls_ca") or None,
+        tls_cert=opt.get("tls_cert") or None,
+        tls_key=opt.get("tls_key") or None,
+        mtls=_flag("mtls", opt.get("mtls", "0")),
+    )
+
+
+def _pulsar_settings(u: _ParsedUrl) -> PulsarSettings:
+    scheme, host = u.parts.scheme.lower(), u.parts.hostname
+    if not host:
+        raise BusConfigError(f"Pulsar URL {u.url!r} needs a host, e.g. pulsar://localhost:6650")
+    try:
+        port = u.parts.port or (6651 if scheme == "pulsar+ssl" else 6650)
+    except ValueError as err:
+        raise BusConfigError(f"bad port in bus URL {u.url!r}") from err
+    u.check_known("pulsar", _PULSAR_OPTIONS)
+    opt = u.options
+    return PulsarSettings(
+        service_url=f"{scheme}://{host}:{port}",
+        tenant=opt.get("tenant", "public"),
+        pulsar_namespace=opt.get("pulsar_namespace", "default"),
+        tls_trust_certs_file=opt.get("tls_ca") or None,
+        tls_allow_insecure=_flag("tls_allow_insecure", opt.get("tls_allow_insecure", "0")),
+        token=opt.get("token") or _read_token(opt.get("token_file")),
+        connect_timeout_s=u.connect_timeout_s,
+        namespace=u.namespace,
+    )
+
+
+#: Settings builder of each URL scheme.
+_SCHEMES: dict[str, Callable[[_ParsedUrl], ZenohSettings | PulsarSettings]] = {
+    "zenoh": _zenoh_settings,
+    "pulsar": _pulsar_settings,
+    "pulsar+ssl": _pulsar_settings,
+}
+
+
 def parse_bus_url(
     url: str, *, namespace: str | None = None, connect_timeout_s: float | None = None
 ) -> ZenohSettings | PulsarSettings:
@@ -208,93 +325,10 @@ def parse_bus_url(
     Raises:
         BusConfigError: Unknown scheme or option, or an invalid value; the message names it.
     """
-    if not isinstance(url, str) or not url:
-        raise BusConfigError(f"bus URL must be a non-empty string, got {url!r}")
-    parts = urlsplit(url)
-    scheme = parts.scheme.lower()
-    try:
-        query = parse_qs(parts.query, keep_blank_values=True, strict_parsing=bool(parts.query))
-    except ValueError as err:
-        raise BusConfigError(f"malformed query in bus URL {url!r}: {err}") from err
-    last = {k: v[-1] for k, v in query.items()}
-    ns = namespace if namespace is not None else last.pop("ns", DEFAULT_NAMESPACE)
-    last.pop("ns", None)
-    try:
-        timeout_s = (
-            connect_timeout_s
-            if connect_timeout_s is not None
-            else float(last.pop("timeout", DEFAULT_CONNECT_TIMEOUT_S))
+    parsed = _parse(url, namespace, connect_timeout_s)
+    build = _SCHEMES.get(parsed.parts.scheme.lower())
+    if build is None:
+        raise BusConfigError(
+            f"unknown bus URL scheme {parsed.parts.scheme!r} in {url!r}; use zenoh:, pulsar:// or pulsar+ssl://"
         )
-    except ValueError as err:
-        raise BusConfigError(f"URL option timeout must be a number of seconds: {err}") from err
-    last.pop("timeout", None)
-    if timeout_s <= 0:
-        raise BusConfigError(f"connect timeout must be positive, got {timeout_s}")
-
-    if scheme == "zenoh":
-        connect = list(_split_list(query.get("connect", [])))
-        if parts.hostname:
-            port = parts.port or 7447
-            connect.insert(0, f"tcp/{parts.hostname}:{port}")
-        known = {
-            "mode",
-            "listen",
-            "connect",
-            "scouting",
-            "shm",
-            "shm_pool",
-            "config",
-            "tls_ca",
-            "tls_cert",
-            "tls_key",
-            "mtls",
-        }
-        unknown = set(last) - known
-        if unknown:
-            raise BusConfigError(
-                f"unknown zenoh URL option(s) {sorted(unknown)}; known: {sorted(known | {'ns', 'timeout'})}"
-            )
-        scouting = last.get("scouting", "off").lower()
-        if scouting not in ("off", "multicast"):
-            raise BusConfigError(f"URL option scouting must be 'off' or 'multicast', got {scouting!r}")
-        return ZenohSettings(
-            mode=last.get("mode", "peer"),
-            listen=_split_list(query.get("listen", [])),
-            connect=tuple(connect),
-            multicast_scouting=scouting == "multicast",
-            shm=_flag("shm", last["shm"]) if "shm" in last else None,
-            shm_pool_bytes=_size("shm_pool", last["shm_pool"]) if "shm_pool" in last else None,
-            config_file=last.get("config") or None,
-            connect_timeout_s=timeout_s,
-            namespace=ns,
-            tls_ca=last.get("tls_ca") or None,
-            tls_cert=last.get("tls_cert") or None,
-            tls_key=last.get("tls_key") or None,
-            mtls=_flag("mtls", last.get("mtls", "0")),
-        )
-    if scheme in ("pulsar", "pulsar+ssl"):
-        if not parts.hostname:
-            raise BusConfigError(f"Pulsar URL {url!r} needs a host, e.g. pulsar://localhost:6650")
-        try:
-            port = parts.port or (6651 if scheme == "pulsar+ssl" else 6650)
-        except ValueError as err:
-            raise BusConfigError(f"bad port in bus URL {url!r}") from err
-        known = {"tenant", "pulsar_namespace", "tls_ca", "tls_allow_insecure", "token", "token_file"}
-        unknown = set(last) - known
-        if unknown:
-            raise BusConfigError(
-                f"unknown pulsar URL option(s) {sorted(unknown)}; known: {sorted(known | {'ns', 'timeout'})}"
-            )
-        return PulsarSettings(
-            service_url=f"{scheme}://{parts.hostname}:{port}",
-            tenant=last.get("tenant", "public"),
-            pulsar_namespace=last.get("pulsar_namespace", "default"),
-            tls_trust_certs_file=last.get("tls_ca") or None,
-            tls_allow_insecure=_flag("tls_allow_insecure", last.get("tls_allow_insecure", "0")),
-            token=last.get("token") or _read_token(last.get("token_file")),
-            connect_timeout_s=timeout_s,
-            namespace=ns,
-        )
-    raise BusConfigError(
-        f"unknown bus URL scheme {parts.scheme!r} in {url!r}; use zenoh:, pulsar:// or pulsar+ssl://"
-    )
+    return build(parsed)

@@ -99,6 +99,51 @@ def _int(d: dict[str, Any], key: str) -> int:
     return v
 
 
+def _member(d: Any, body: memoryview, lim: DecodeLimits) -> Member:
+    """One member of a frame from its metadata entry; its payload a view of ``body``.
+
+    Raises:
+        EncodingError: The entry is malformed or out of bounds.
+    """
+    if not isinstance(d, dict):
+        raise EncodingError("frame member must be an object")
+    stream = d.get("stream")
+    if not isinstance(stream, str):
+        raise EncodingError("frame member lacks a stream name")
+    try:
+        validate_stream_name(stream)
+        modality = Modality(_int(d, "modality"))
+    except ValueError as err:
+        raise EncodingError(f"frame member {stream!r}: {err}") from None
+    off, n = _int(d, "offset"), _int(d, "length")
+    if off < 0 or n < 0 or off + n > len(body):
+        raise EncodingError(f"frame member {stream!r} payload [{off}, {off + n}) is out of bounds")
+    for key in ("encoding", "frame_id"):
+        if not isinstance(d.get(key), str):
+            raise EncodingError(f"frame member {stream!r} field {key!r} must be a string")
+        if len(d[key]) > lim.max_string_bytes:
+            raise EncodingError(f"frame member {stream!r} field {key!r} exceeds max_string_bytes")
+    width = _int(d, "width_ns")
+    if width <= 0:
+        raise EncodingError(f"frame member {stream!r} has a non-positive bucket width")
+    h = Header(
+        stream=stream,
+        modality=modality,
+        seq=_int(d, "seq"),
+        stamp_ns=_int(d, "header_stamp_ns"),
+        bucket=_int(d, "bucket"),
+        bucket_width_ns=width,
+        bucket_offset_ns=_int(d, "offset_ns"),
+        encoding=d["encoding"],
+        frame_id=d["frame_id"],
+        publisher_id=_int(d, "publisher_id"),
+        publish_ns=_int(d, "publish_ns"),
+        flags=HeaderFlags(_int(d, "flags") & 3),
+    )
+    sample = Sample(h, body[off : off + n], _int(d, "receive_ns"))
+    return Member(sample, _int(d, "stamp_ns"), _int(d, "skew_ns"), bool(d.get("fallback")))
+
+
 def decode_frame(
     buffer: bytes | bytearray | memoryview, *, limits: DecodeLimits | None = None
 ) -> MultiModalFrame:
@@ -134,45 +179,8 @@ def decode_frame(
     body = mv[8 + meta_len :]
     members: dict[str, list[Member]] = {}
     for d in raw_members:
-        if not isinstance(d, dict):
-            raise EncodingError("frame member must be an object")
-        stream = d.get("stream")
-        if not isinstance(stream, str):
-            raise EncodingError("frame member lacks a stream name")
-        try:
-            validate_stream_name(stream)
-            modality = Modality(_int(d, "modality"))
-        except ValueError as err:
-            raise EncodingError(f"frame member {stream!r}: {err}") from None
-        off, n = _int(d, "offset"), _int(d, "length")
-        if off < 0 or n < 0 or off + n > len(body):
-            raise EncodingError(f"frame member {stream!r} payload [{off}, {off + n}) is out of bounds")
-        for key in ("encoding", "frame_id"):
-            if not isinstance(d.get(key), str):
-                raise EncodingError(f"frame member {stream!r} field {key!r} must be a string")
-            if len(d[key]) > lim.max_string_bytes:
-                raise EncodingError(f"frame member {stream!r} field {key!r} exceeds max_string_bytes")
-        width = _int(d, "width_ns")
-        if width <= 0:
-            raise EncodingError(f"frame member {stream!r} has a non-positive bucket width")
-        h = Header(
-            stream=stream,
-            modality=modality,
-            seq=_int(d, "seq"),
-            stamp_ns=_int(d, "header_stamp_ns"),
-            bucket=_int(d, "bucket"),
-            bucket_width_ns=width,
-            bucket_offset_ns=_int(d, "offset_ns"),
-            encoding=d["encoding"],
-            frame_id=d["frame_id"],
-            publisher_id=_int(d, "publisher_id"),
-            publish_ns=_int(d, "publish_ns"),
-            flags=HeaderFlags(_int(d, "flags") & 3),
-        )
-        sample = Sample(h, body[off : off + n], _int(d, "receive_ns"))
-        members.setdefault(stream, []).append(
-            Member(sample, _int(d, "stamp_ns"), _int(d, "skew_ns"), bool(d.get("fallback")))
-        )
+        member = _member(d, body, lim)
+        members.setdefault(member.sample.stream, []).append(member)
     try:
         missing = tuple(str(x) for x in meta.get("missing", []))
         interp = {str(k): float(v) for k, v in dict(meta.get("interpolation", {})).items()}

@@ -7,7 +7,7 @@ import operator
 import random
 import time
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 
@@ -49,6 +49,18 @@ def _checked_stamp(stamp_ns: object, stream: str) -> int:
     return value
 
 
+class _Static(NamedTuple):
+    """What every sample of one publisher has in common (unpacked once per publish)."""
+
+    stream: str
+    modality: Modality
+    width_ns: int
+    offset_ns: int
+    encoding: str
+    frame_id: str
+    publisher_id: int
+
+
 class Publisher:
     """Publishes the samples of one stream; create with :meth:`embodied_bus.Bus.publisher`.
 
@@ -86,7 +98,7 @@ class Publisher:
         # The publisher's own samples (its encoding and frame_id, a sensor stamp, bytes) go
         # through the engine's specialised sender if it has one: ~2x cheaper per sample.
         pub_id = self._publisher_id
-        self._static = (stream, modality, clock.width_ns, clock.offset_ns, encoding, frame_id, pub_id)
+        self._static = _Static(stream, modality, clock.width_ns, clock.offset_ns, encoding, frame_id, pub_id)
         template = Header(
             stream=stream,
             modality=modality,
@@ -115,6 +127,12 @@ class Publisher:
     def stream(self) -> str:
         """Stream name."""
         return self._stream
+
+    @property
+    def engine_publisher(self) -> EnginePublisher:
+        """The engine's publisher underneath (engine-level tools and tests: hand-made headers,
+        its batch and backlog counters)."""
+        return self._pub
 
     @property
     def modality(self) -> Modality:
@@ -176,6 +194,39 @@ class Publisher:
         """
         return self._publish(payload, stamp_ns, encoding, frame_id, stamp_fallback, False)
 
+    def _payload_bytes(self, payload: Payload, encoding: str | None) -> bytes | bytearray:
+        """The bytes a payload is sent as (an array as npy or raw, as the encoding says).
+
+        Raises:
+            TypeError: A payload of another type.
+            PayloadTooLargeError: Above the publisher's limit.
+        """
+        data: bytes | bytearray
+        if type(payload) is bytes:
+            data = payload
+        elif isinstance(payload, np.ndarray):
+            enc = encoding or self._encoding
+            data = encode_npy(payload) if enc == ENCODING_NPY else payload.tobytes()
+        elif isinstance(payload, memoryview):
+            data = payload.tobytes()
+        elif isinstance(payload, (bytes, bytearray)):
+            data = payload
+        else:
+            raise TypeError(
+                f"payload must be bytes, bytearray, memoryview or numpy array, not {type(payload).__name__}"
+            )
+        if len(data) > self._limit:
+            raise PayloadTooLargeError(
+                f"payload of {len(data)} bytes on stream {self._stream!r} exceeds the limit of "
+                f"{self._limit} bytes"
+                + (
+                    " (Pulsar without chunking; enable PublisherOptions(chunking=True))"
+                    if self._pub.max_payload_bytes is not None and self._limit == self._pub.max_payload_bytes
+                    else " (PublisherOptions.max_payload_bytes)"
+                )
+            )
+        return data
+
     def _publish(
         self,
         payload: Payload,
@@ -224,30 +275,7 @@ class Publisher:
             )
         if self._closed:
             raise BusClosedError(f"publisher for {self._stream!r} is closed")
-        data: bytes | bytearray
-        if type(payload) is bytes:
-            data = payload
-        elif isinstance(payload, np.ndarray):
-            enc = encoding or self._encoding
-            data = encode_npy(payload) if enc == ENCODING_NPY else payload.tobytes()
-        elif isinstance(payload, memoryview):
-            data = payload.tobytes()
-        elif isinstance(payload, (bytes, bytearray)):
-            data = payload
-        else:
-            raise TypeError(
-                f"payload must be bytes, bytearray, memoryview or numpy array, not {type(payload).__name__}"
-            )
-        if len(data) > self._limit:
-            raise PayloadTooLargeError(
-                f"payload of {len(data)} bytes on stream {self._stream!r} exceeds the limit of "
-                f"{self._limit} bytes"
-                + (
-                    " (Pulsar without chunking; enable PublisherOptions(chunking=True))"
-                    if self._pub.max_payload_bytes is not None and self._limit == self._pub.max_payload_bytes
-                    else " (PublisherOptions.max_payload_bytes)"
-                )
-            )
+        data = self._payload_bytes(payload, encoding)
         stamp_ns = _checked_stamp(stamp_ns, self._stream)
         flags = HeaderFlags.STAMP_FALLBACK if stamp_fallback else HeaderFlags.NONE
         now_ns = time.time_ns()
@@ -409,7 +437,7 @@ class Publisher:
             or max(map(len, payloads)) > self._limit  # type: ignore[arg-type]
         ):
             return False
-        _, _, width_ns, offset_ns, _, _, _ = self._static
+        width_ns, offset_ns = self._static.width_ns, self._static.offset_ns
         n = len(payloads)
         first = self._seq + 1
         buckets = [(stamp_ns - offset_ns) // width_ns for stamp_ns in stamps_ns]

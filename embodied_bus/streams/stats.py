@@ -47,6 +47,11 @@ class StreamStats:
     #: (monotonic s, received, bytes) snapshots, one per :data:`SNAPSHOT_S` at most.
     _snaps: deque[tuple[float, int, int]] = field(default_factory=deque)
 
+    @property
+    def latency_run_samples(self) -> int:
+        """Samples whose latencies the kept runs hold (bounded by about :data:`LATENCY_WINDOW`)."""
+        return self._latency_run_samples
+
     def observe(self, publisher_id: int, seq: int, size: int, latency_ns: int) -> Verdict:
         """Account one received sample; returns its sequence verdict."""
         self.received += 1

@@ -202,7 +202,7 @@ class PulsarStandalone:
         self._check_disk()
         self._launch(timeout_s)
         for _ in range(REGISTRATION_FLAP_RETRIES):
-            if not self._registration_flapping():
+            if not self.registration_flapping():
                 return
             # Pulsar 4.0 standalone keeps its bookie registration in its RocksDB metadata store;
             # after a kill -9 the stale entry sometimes sets off an endless delete/re-create loop
@@ -211,7 +211,7 @@ class PulsarStandalone:
             # A clean stop removes the entry, so the next start registers once.
             self.stop()
             self._launch(timeout_s)
-        if self._registration_flapping():
+        if self.registration_flapping():
             raise RuntimeError(f"Pulsar standalone's bookie registration keeps flapping:\n{self.tail()}")
 
     def _check_disk(self) -> None:
@@ -228,7 +228,7 @@ class PulsarStandalone:
                 f"(eb-pulsar-*) are there; those of brokers no longer running can be deleted."
             )
 
-    def _registration_flapping(self) -> bool:
+    def registration_flapping(self) -> bool:
         """Whether the bookie registration is being deleted and re-created in a loop."""
         start = self.log_path.stat().st_size
         time.sleep(REGISTRATION_WATCH_S)

@@ -288,6 +288,35 @@ class StateLog:
             return [a.copy() for a in self.actions.values() if a.kind != "unknown"]
 
     # ------------------------------------------------------------------ catching up
+
+    # ------------------------------------------------------------------ views (monitoring, tests)
+    @property
+    def position(self) -> Position:
+        """How far the log has been read: (ledger, entry) of the last message applied."""
+        return self._position
+
+    @property
+    def awaited_positions(self) -> int:
+        """Callers waiting for the log to be read up to a position."""
+        return len(self._reach)
+
+    @property
+    def users(self) -> int:
+        """Queues of this engine sharing the view (it closes with the last one)."""
+        return self._users
+
+    @property
+    def reader(self) -> Any:
+        """The pulsar-client ``Reader`` of the log (tests close it to play a reader that
+        cannot reconnect; the view reopens it)."""
+        return self._reader
+
+    @property
+    def tail(self) -> Any:
+        """The consumer asked where the log ends (tests close it to play a broker that cannot
+        be asked; the view then writes a marker and reads up to it)."""
+        return self._tail
+
     async def sync(self, timeout_s: float = 10.0, *, since_mono: float | None = None) -> None:
         """Wait until every state record published before this call (or before ``since_mono``,
         a ``time.monotonic()`` value) is applied: a marker record published after it has been

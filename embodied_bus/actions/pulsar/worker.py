@@ -105,7 +105,7 @@ class _Holding:
     reply_to: str
     #: How far the action's history had come when the claim stood (a message that is not
     #: newer than this duplicates the one held; a newer one is a retry written since).
-    claimed: tuple[int, int, bool] = (0, 0, False)
+    claimed: lifecycle.Version = field(default_factory=lambda: lifecycle.Version(0, 0, False))
     extra: list[_Delivery] = field(default_factory=list)
 
 

@@ -71,8 +71,8 @@ class PulsarPublisher(EnginePublisher):
         self._lock = threading.Lock()
         self._sent = 0  # sends the client accepted (written by the sending thread only)
         self._confirmed = 0  # of those, how many the broker confirmed (or failed)
-        self._sent_bytes = 0  # their payload bytes, cumulative (as ``_sent``)
-        self._confirmed_bytes = 0
+        self.sent_bytes = 0  # their payload bytes, cumulative (as ``_sent``)
+        self.confirmed_bytes = 0
         self._errors: list[str] = []
         self._closed = False
         self._waiters: list[tuple[asyncio.AbstractEventLoop, asyncio.Future[None]]] = []
@@ -89,7 +89,7 @@ class PulsarPublisher(EnginePublisher):
     def _on_confirmed(self, upto: int, upto_bytes: int, result: Any, _msg_id: Any) -> None:
         with self._lock:
             self._confirmed = max(self._confirmed, upto)
-            self._confirmed_bytes = max(self._confirmed_bytes, upto_bytes)
+            self.confirmed_bytes = max(self.confirmed_bytes, upto_bytes)
             if result != pulsar.Result.Ok:
                 self._errors.append(str(result))
             self._wake()
@@ -111,7 +111,7 @@ class PulsarPublisher(EnginePublisher):
     def _unconfirmed(self) -> int:
         """Unconfirmed sends, or slots of :data:`PULSAR_SLOT_BYTES` if their bytes are more."""
         return max(
-            self._sent - self._confirmed, (self._sent_bytes - self._confirmed_bytes) // PULSAR_SLOT_BYTES
+            self._sent - self._confirmed, (self.sent_bytes - self.confirmed_bytes) // PULSAR_SLOT_BYTES
         )
 
     async def wait_writable(self) -> None:
@@ -201,7 +201,7 @@ class PulsarPublisher(EnginePublisher):
         is ``header`` (the key and event time are its bucket's)."""
         start_ms = header.bucket_start_ns // 1_000_000
         n = self._sent + 1
-        total = self._sent_bytes + len(data)
+        total = self.sent_bytes + len(data)
         done = (
             partial(self._on_confirmed, n, total)
             if n % CONFIRM_EVERY == 0 or len(data) >= PULSAR_SLOT_BYTES
@@ -233,15 +233,15 @@ class PulsarPublisher(EnginePublisher):
         except pulsar.PulsarException as err:
             raise PublishError(f"Pulsar send on {self._stream!r} failed: {err}") from err
         self._sent = n
-        self._sent_bytes = total
+        self.sent_bytes = total
         return True
 
     def _wait_idle(self) -> None:
-        upto, upto_bytes = self._sent, self._sent_bytes
+        upto, upto_bytes = self._sent, self.sent_bytes
         self._producer.flush()  # returns once every send before it is persisted (or failed)
         with self._lock:
             self._confirmed = max(self._confirmed, upto)
-            self._confirmed_bytes = max(self._confirmed_bytes, upto_bytes)
+            self.confirmed_bytes = max(self.confirmed_bytes, upto_bytes)
             self._wake()
 
     async def flush(self) -> None:

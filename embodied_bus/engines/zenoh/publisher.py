@@ -56,14 +56,14 @@ class ZenohPublisher(EnginePublisher):
         self._pub = engine.session.declare_publisher(
             key, congestion_control=cc, reliability=zenoh.Reliability.RELIABLE
         )
-        self._put = self._pub.put
-        self._sender = (
+        self.put = self._pub.put
+        self.sender = (
             SenderThread(key.rsplit("/", 1)[-1], self._put_all, SENDER_HIGH_WATER, asyncio.get_running_loop())
             if block
             else None
         )
-        if self._sender is not None:  # one call less per publish
-            self.backlog = self._sender.backlog  # type: ignore[method-assign]
+        if self.sender is not None:  # one call less per publish
+            self.backlog = self.sender.backlog  # type: ignore[method-assign]
         # ``publish`` awaits room above this backlog (the sender's mark: with the base class's
         # 256, every publish between 256 and 512 queued samples awaited a wait that returned
         # at once, ~2 µs per sample)
@@ -75,11 +75,11 @@ class ZenohPublisher(EnginePublisher):
         self.shm_sent = 0
         self.shm_full = 0
         shm = options.shm if options.shm is not None else engine.shm_enabled
-        self._shm_threshold = options.shm_threshold_bytes if shm else None
+        self.shm_threshold = options.shm_threshold_bytes if shm else None
         self._shm: Any = None
         self._shm_lock = threading.Lock()
         self._closed = False
-        self._bodies = BodyBuffers(BATCH_MAX_BYTES)  # by whichever thread runs _put_all
+        self.bodies = BodyBuffers(BATCH_MAX_BYTES)  # by whichever thread runs _put_all
         # the template of fast_sender's samples (pack, head, mid, tail), for the sender thread
         self._template: tuple[Callable[..., bytes], bytes, bytes, bytes] | None = None
         self._tail_key: tuple[str, str, str] = ("", "", "")
@@ -110,8 +110,8 @@ class ZenohPublisher(EnginePublisher):
         if len(encoded) > 1:
             sizes = list(map(add, map(len, encoded), map(len, bodies)))
             if max(sizes) <= BATCH_ITEM_MAX_BYTES:  # the usual burst
-                return self._put_small(encoded, bodies, sizes)
-        return self._put_mixed(bodies, encoded)
+                return self.put_small(encoded, bodies, sizes)
+        return self.put_mixed(bodies, encoded)
 
     def _encoded(self, atts: Sequence[bytes | int], cols: Columns) -> list[bytes]:
         """``atts`` with each template sample's seq replaced by its encoded header."""
@@ -137,28 +137,28 @@ class ZenohPublisher(EnginePublisher):
             try:
                 first = pack(head, seqs[i], stamps[i], buckets[i], mid, pubs[i], tail)
                 if j - i == 1:
-                    self._put_one(bodies[i], first)
+                    self.put_one(bodies[i], first)
                 else:
                     att, body = encode_column_batch(
-                        first, seqs[i:j], stamps[i:j], buckets[i:j], pubs[i:j], bodies[i:j], self._bodies.body
+                        first, seqs[i:j], stamps[i:j], buckets[i:j], pubs[i:j], bodies[i:j], self.bodies.body
                     )
-                    self._put(body, attachment=att)
+                    self.put(body, attachment=att)
                     self.batches += 1
             except BaseException as err:
                 error = err
         return error
 
-    def _put_small(
+    def put_small(
         self, atts: Sequence[bytes], bodies: Sequence[Any], sizes: list[int]
     ) -> BaseException | None:
         """:meth:`_put_all` for samples of at most :data:`BATCH_ITEM_MAX_BYTES` each (header
         and payload ``sizes``): the runs are cut with C-level calls."""
         error: BaseException | None = None
         for i, j in batch_cuts(sizes):
-            error = self._put_run(atts[i:j], bodies[i:j]) or error
+            error = self.put_run(atts[i:j], bodies[i:j]) or error
         return error
 
-    def _put_mixed(self, bodies: Sequence[Any], atts: Sequence[bytes]) -> BaseException | None:
+    def put_mixed(self, bodies: Sequence[Any], atts: Sequence[bytes]) -> BaseException | None:
         """:meth:`_put_all` for samples of any size: a large one goes alone."""
         error: BaseException | None = None
         run_atts: list[bytes] = []
@@ -171,45 +171,45 @@ class ZenohPublisher(EnginePublisher):
                 or run_bytes + size > BATCH_MAX_BYTES
                 or len(run_atts) >= MAX_BATCH_SAMPLES
             ):
-                error = self._put_run(run_atts, run_bodies) or error
+                error = self.put_run(run_atts, run_bodies) or error
                 run_atts, run_bodies, run_bytes = [], [], 0
             run_atts.append(att)
             run_bodies.append(body)
             run_bytes += size
             if size > BATCH_ITEM_MAX_BYTES:
-                error = self._put_run(run_atts, run_bodies) or error
+                error = self.put_run(run_atts, run_bodies) or error
                 run_atts, run_bodies, run_bytes = [], [], 0
         if run_atts:
-            error = self._put_run(run_atts, run_bodies) or error
+            error = self.put_run(run_atts, run_bodies) or error
         return error
 
-    def _put_run(self, atts: Sequence[bytes], bodies: Sequence[Any]) -> BaseException | None:
+    def put_run(self, atts: Sequence[bytes], bodies: Sequence[Any]) -> BaseException | None:
         """One Zenoh put: a lone sample as itself (a large one through shared memory), several
         as a batch. Returns its error."""
         try:
             if len(atts) == 1:
-                self._put_one(bodies[0], atts[0])
+                self.put_one(bodies[0], atts[0])
             else:
-                att, body = encode_batch_parts(atts, bodies, self._bodies.body)
-                self._put(body, attachment=att)
+                att, body = encode_batch_parts(atts, bodies, self.bodies.body)
+                self.put(body, attachment=att)
                 self.batches += 1
         except BaseException as err:
             return err
         return None
 
-    def _put_one(self, payload: bytes | bytearray, attachment: bytes) -> None:
+    def put_one(self, payload: bytes | bytearray, attachment: bytes) -> None:
         """Put one sample; a payload of at least the shared-memory threshold is written into
         this publisher's pool (one copy; Zenoh copies a ``bytes`` payload once more into its
         own pool on the way to a process of this host), or put the ordinary way if the pool is
         full or cannot be had."""
-        threshold = self._shm_threshold
+        threshold = self.shm_threshold
         if threshold is not None and threshold <= len(payload) <= SHM_MAX_PAYLOAD_BYTES:
             buf = self._shm_copy(payload)
             if buf is not None:
-                self._put(buf, attachment=with_header_flags(attachment, HeaderFlags.SHM))
+                self.put(buf, attachment=with_header_flags(attachment, HeaderFlags.SHM))
                 self.shm_sent += 1
                 return
-        self._put(payload, attachment=attachment)
+        self.put(payload, attachment=attachment)
 
     def _shm_copy(self, payload: bytes | bytearray) -> Any:
         """``payload`` copied into a segment of this publisher's pool, or None when no segment
@@ -221,7 +221,7 @@ class ZenohPublisher(EnginePublisher):
                 if self._shm is None:
                     self._shm = self._open_shm_pool(size)
                     if self._shm is None:
-                        self._shm_threshold = None  # large payloads go the ordinary way
+                        self.shm_threshold = None  # large payloads go the ordinary way
                         return None
                 provider = self._shm
         try:
@@ -250,8 +250,8 @@ class ZenohPublisher(EnginePublisher):
         return None
 
     def send_from_thread(self, header: Header, payload: bytes | bytearray) -> bool:
-        sender = self._sender
-        threshold = self._shm_threshold
+        sender = self.sender
+        threshold = self.shm_threshold
         if sender is None or sender.backlog() or (threshold is not None and len(payload) >= threshold):
             return self.send(header, payload)
         if self._closed:
@@ -261,7 +261,7 @@ class ZenohPublisher(EnginePublisher):
             self._tail = encode_strings(*key)
             self._tail_key = key
         try:
-            self._put(payload, attachment=encode_header(header, self._tail))
+            self.put(payload, attachment=encode_header(header, self._tail))
         except zenoh.ZError as err:
             raise PublishError(f"zenoh put on {header.stream!r} failed: {err}") from err
         return True
@@ -274,11 +274,11 @@ class ZenohPublisher(EnginePublisher):
 
     def fast_sender(self, template: Header) -> FastSend | None:
         pack, head, mid, tail = self._template = self._packer_parts(template)
-        stream, sender = template.stream, self._sender
+        stream, sender = template.stream, self.sender
         if sender is None:
-            put = self._put
-            put_one = self._put_one
-            threshold = self._shm_threshold if self._shm_threshold is not None else 1 << 62
+            put = self.put
+            put_one = self.put_one
+            threshold = self.shm_threshold if self.shm_threshold is not None else 1 << 62
 
             def put_now(seq: int, stamp_ns: int, bucket: int, publish_ns: int, payload: bytes) -> int:
                 if self._closed:
@@ -295,7 +295,7 @@ class ZenohPublisher(EnginePublisher):
 
             return put_now
         push, wake = sender.push, sender.wake
-        append_payload, append_att = sender._payloads.append, sender._atts.append
+        append_payload, append_att = sender.payloads.append, sender.atts.append
         append_stamp, append_bucket = sender._stamps.append, sender._buckets.append
         append_pub = sender._pubs.append
 
@@ -314,16 +314,16 @@ class ZenohPublisher(EnginePublisher):
                 append_bucket(bucket)
                 append_pub(publish_ns)
                 append_att(seq)
-                sender._pushed_slots += 1
+                sender.pushed_slots += 1
                 if sender._idle:
                     wake()
-            return sender._pushed_slots - sender._sent_slots  # backlog(), inlined
+            return sender.pushed_slots - sender.sent_slots  # backlog(), inlined
 
         return queue
 
     def fast_sender_many(self, template: Header) -> FastSendMany | None:
         pack, head, mid, tail = self._template = self._packer_parts(template)
-        stream, sender = template.stream, self._sender
+        stream, sender = template.stream, self.sender
 
         def send_run(
             seqs: range,
@@ -369,14 +369,14 @@ class ZenohPublisher(EnginePublisher):
             self._tail = encode_strings(*key)
             self._tail_key = key
         att = encode_header(header, self._tail)
-        sender = self._sender
+        sender = self.sender
         if sender is not None:
             if sender.error is not None:
                 self._raise(header.stream, sender)
             sender.push(payload, att, len(payload))
             return True
         try:
-            self._put_one(payload, att)
+            self.put_one(payload, att)
         except zenoh.ZError as err:
             raise PublishError(f"zenoh put on {header.stream!r} failed: {err}") from err
         return True
@@ -386,21 +386,21 @@ class ZenohPublisher(EnginePublisher):
         raise PublishError(f"zenoh put on {stream!r} failed: {err}") from err
 
     def backlog(self) -> int:
-        return 0 if self._sender is None else self._sender.backlog()
+        return 0 if self.sender is None else self.sender.backlog()
 
     async def wait_writable(self) -> None:
-        if self._sender is not None:
-            await self._sender.wait_below(self._sender.high_water // 2)
+        if self.sender is not None:
+            await self.sender.wait_below(self.sender.high_water // 2)
 
     def has_subscribers(self) -> bool:
         status = self._pub.matching_status
         return bool(getattr(status, "matching", status))
 
     async def flush(self) -> None:
-        if self._sender is not None:
-            await self._sender.wait_below(0)
-            if self._sender.error is not None:
-                self._raise(self._pub.key_expr.__str__(), self._sender)
+        if self.sender is not None:
+            await self.sender.wait_below(0)
+            if self.sender.error is not None:
+                self._raise(self._pub.key_expr.__str__(), self.sender)
 
     async def close(self) -> None:
         if not self._closed:
@@ -408,8 +408,8 @@ class ZenohPublisher(EnginePublisher):
                 await self.flush()
             finally:
                 self._closed = True
-                if self._sender is not None:
-                    await asyncio.to_thread(self._sender.close)
+                if self.sender is not None:
+                    await asyncio.to_thread(self.sender.close)
                 try:
                     self._pub.undeclare()  # type: ignore[no-untyped-call]
                 except zenoh.ZError:

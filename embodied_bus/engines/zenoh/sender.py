@@ -79,14 +79,14 @@ class SenderThread:
         # :meth:`ZenohPublisher.fast_sender`) its seq, with its stamp, bucket and publish time
         # in the three column queues. A sample's header (or seq) is appended last, so every
         # header the thread counts has its payload and columns queued
-        self._payloads: list[Any] = []
-        self._atts: list[bytes | int] = []
+        self.payloads: list[Any] = []
+        self.atts: list[bytes | int] = []
         self._stamps: list[int] = []
         self._buckets: list[int] = []
         self._pubs: list[int] = []
         # slots pushed (by the publishing thread) and sent (by this thread): each has one writer
-        self._pushed_slots = 0
-        self._sent_slots = 0
+        self.pushed_slots = 0
+        self.sent_slots = 0
         self._cond = threading.Condition(threading.Lock())
         self._idle = False
         self._waiters: list[asyncio.Future[None]] = []
@@ -101,9 +101,9 @@ class SenderThread:
         # for items under the lock before it waits (so an item appended before ``_idle`` is
         # set is seen, and one appended after finds ``_idle`` set and notifies). Taking the
         # lock on every push made the publishing loop queue behind the sender thread.
-        self._payloads.append(payload)
-        self._atts.append(attachment)
-        self._pushed_slots += (size + SLOT_BYTES - 1) // SLOT_BYTES or 1  # the publisher's thread only
+        self.payloads.append(payload)
+        self.atts.append(attachment)
+        self.pushed_slots += (size + SLOT_BYTES - 1) // SLOT_BYTES or 1  # the publisher's thread only
         if self._idle:
             self.wake()
 
@@ -119,9 +119,9 @@ class SenderThread:
         """:meth:`push` for a run of samples, in order (one wake-up for the run)."""
         if len(payloads) != len(attachments):
             raise ValueError(f"{len(payloads)} payloads but {len(attachments)} headers")
-        self._payloads.extend(payloads)
-        self._atts.extend(attachments)
-        self._pushed_slots += slot_count(payloads)
+        self.payloads.extend(payloads)
+        self.atts.extend(attachments)
+        self.pushed_slots += slot_count(payloads)
         if self._idle:
             self.wake()
 
@@ -138,21 +138,21 @@ class SenderThread:
         n = len(payloads)
         if not len(seqs) == len(stamps_ns) == len(buckets) == len(publish_ns) == n:
             raise ValueError(f"{n} payloads but columns of other lengths")
-        self._payloads.extend(payloads)
+        self.payloads.extend(payloads)
         self._stamps.extend(stamps_ns)
         self._buckets.extend(buckets)
         self._pubs.extend(publish_ns)
-        self._atts.extend(seqs)
-        self._pushed_slots += slot_count(payloads)
+        self.atts.extend(seqs)
+        self.pushed_slots += slot_count(payloads)
         if self._idle:
             self.wake()
 
     def backlog(self) -> int:
         """Slots (a sample, or one per :data:`SLOT_BYTES` of its payload) queued or being put."""
-        return self._pushed_slots - self._sent_slots
+        return self.pushed_slots - self.sent_slots
 
     def _run(self) -> None:
-        atts, payloads = self._atts, self._payloads
+        atts, payloads = self.atts, self.payloads
         while True:
             if not atts:
                 with self._cond:
@@ -161,7 +161,7 @@ class SenderThread:
                         self._cond.wait()
                     self._idle = False
                     if not atts and self._closed:
-                        self._wake_all()
+                        self.wake_all()
                         return
             # the pushing thread may append meanwhile (taken next round); every header counted
             # here has its payload queued already
@@ -179,11 +179,11 @@ class SenderThread:
                 err = bug
             if err is not None:  # reported on the next publish or flush
                 self.error = err
-            self._sent_slots += slot_count(bodies)
+            self.sent_slots += slot_count(bodies)
             with self._cond:
-                self._wake_all()
+                self.wake_all()
 
-    def _wake_all(self) -> None:
+    def wake_all(self) -> None:
         waiters, self._waiters = self._waiters, []
         for fut in waiters:
             self._loop.call_soon_threadsafe(resolve_none, fut)
@@ -197,7 +197,7 @@ class SenderThread:
             with self._cond:
                 if self.backlog() <= limit or self._closed:
                     return
-                if self._idle and not self._atts:
+                if self._idle and not self.atts:
                     if not self._miscounted:
                         self._miscounted = True
                         name, queued = self._thread.name, self.backlog()
