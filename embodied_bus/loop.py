@@ -1,9 +1,8 @@
 """The event loop the command line runs on.
 
 ``uvloop`` where it is installed (embodied_bus installs it on Linux and macOS), else asyncio's
-own loop. The rclpy nodes and ``SyncBus`` keep asyncio's loop (rclpy cannot be tested here).
-On the action benchmarks uvloop took 9-16 % less CPU per action and moved 8-17 % more actions
-a second; stream throughput was the same on both. Library code runs on whatever loop the
+own loop. The rclpy nodes and ``SyncBus`` keep asyncio's loop. uvloop takes less CPU per
+action (see docs/performance.md); stream throughput is the same on both. Library code runs on whatever loop the
 application chose: ``uvloop.run(main())`` picks this one.
 """
 

@@ -147,7 +147,7 @@ def check_packages(engine: str) -> list[Check]:
             detail = f"uvloop {_version('uvloop')} for the command line ({LOOP_ENV}=asyncio: asyncio's)"
             out.append(Check("event loop", "ok", detail))
         elif _version("uvloop") is None:
-            detail = "asyncio's own: pip install uvloop for 9-16 % less CPU per action"
+            detail = "asyncio's own: pip install uvloop for less CPU per action"
             out.append(Check("event loop", "warn", detail))
         else:
             out.append(Check("event loop", "ok", f"asyncio's own, as {LOOP_ENV} asks"))

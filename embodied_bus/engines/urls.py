@@ -49,8 +49,8 @@ DEFAULT_NAMESPACE = "default"
 #: Default time to reach a router or broker, in seconds.
 DEFAULT_CONNECT_TIMEOUT_S = 5.0
 #: Shared-memory pool a Zenoh session uses for large messages to peers on the same host, in
-#: bytes (Zenoh's own default is 16 MiB: two 8 MiB clouds in flight; 32 MiB measured +40-50 %
-#: at 8 MiB on the development machine). Lives in ``/dev/shm``: containers need room there
+#: bytes (Zenoh's own default is 16 MiB: two 8 MiB clouds in flight; large clouds move
+#: faster with room for four). Lives in ``/dev/shm``: containers need room there
 #: (Docker's default is 64 MiB; ``--shm-size`` or ``--ipc=host``).
 DEFAULT_SHM_POOL_BYTES = 32 * 1024 * 1024
 

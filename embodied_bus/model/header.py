@@ -100,9 +100,8 @@ class Header(msgspec.Struct, frozen=True, gc=False, order=True):
     are too many to get right by position); positions stay for C-level bulk construction.
 
     An immutable ``msgspec.Struct`` built in C that the garbage collector does not track (it
-    holds only strings, ints and enum members): a subscriber builds one per sample, and as a
-    tuple subclass each was tracked for as long as it lived, ~7 % of a 1 KiB stream's
-    throughput. It keeps the named tuple's conveniences: unpacking and indexing in field order,
+    holds only strings, ints and enum members): a subscriber builds one per sample, and tracking
+    each for as long as it lives costs small-sample streams throughput. It keeps the named tuple's conveniences: unpacking and indexing in field order,
     ``len``, ``_fields``, ``_replace`` and ``_asdict``; it is hashable and orders like a tuple
     of its fields, but never equals a plain tuple.
 

@@ -23,7 +23,7 @@ class Sample(msgspec.Struct, gc=False):
 
     A ``msgspec.Struct`` that the garbage collector does not track (built in C and never
     scanned: a subscription buffers thousands of samples at high rates, and scanning them
-    cost up to ~10 % of a small-sample stream's CPU). Nothing the bus puts in a sample refers
+    is a noticeable share of a small-sample stream's CPU). Nothing the bus puts in a sample refers
     back to it; don't make a reference cycle through one (e.g. an ``ack_fn`` that refers to its
     own sample), or the cycle is freed only when broken.
 

@@ -51,10 +51,9 @@ PULSAR_VERSION = os.environ.get("EMBODIED_BUS_PULSAR_VERSION", "4.0.8")
 #:   soon as nothing more is queued instead of waiting up to ``journalMaxGroupWaitMSec`` (2 ms)
 #:   to group writes (under load the queue is rarely empty and writes still group).
 #:
-#: Measured on this project's 2-core machine (2026-12-03, Pulsar 4.0.8, warm brokers): one
-#: persisted send 1.5 -> 0.35-0.6 ms; an action's submit -> start p50 7.9 -> 1.9-2.2 ms and its
-#: redelivery after a nack 10.3 -> 2.3-3.8 ms; 1 KiB stream latency p50 7.0 -> 0.5-0.7 ms (raw
-#: pulsar-client and embodied_bus alike); throughput unchanged within the machine's noise.
+#: Both cut the latency of a persisted send (and so of an action's start, its redelivery and
+#: a small stream sample) several times over, with throughput unchanged: see
+#: docs/performance.md.
 LOW_LATENCY_CONF = {
     "managedLedgerNewEntriesCheckDelayInMillis": "0",
     "journalFlushWhenQueueEmpty": "true",

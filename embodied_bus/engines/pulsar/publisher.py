@@ -47,8 +47,8 @@ _logger = logging.getLogger("embodied_bus.pulsar")
 class PulsarPublisher(EnginePublisher):
     """One producer. Every :data:`CONFIRM_EVERY`-th send carries a completion callback: the
     client completes one producer's sends in order, so that callback confirms the ones before
-    it too (a Python callback on every send, taking the GIL from the client's I/O thread, cost
-    about 40 % of the throughput of 1 KiB samples).
+    it too (a Python callback on every send takes the GIL from the client's I/O thread, which
+    small samples pay for in throughput).
 
     A BLOCK publisher whose sends the broker has not confirmed yet (at least
     :data:`BATCH_WHEN_UNCONFIRMED` of them) batches small samples of one bucket published on

@@ -91,8 +91,7 @@ class BodyBuffers:
 
 class ShmPayload:
     """A received payload in a shared-memory segment (an :class:`EngineBuffer`): copied out
-    with ``bytes(ZShm)``, which skips the zero-filling ``ZBytes.to_bytes`` does first (15-25 %
-    less time per 1 MiB, measured)."""
+    with ``bytes(ZShm)``, which skips the zero-filling ``ZBytes.to_bytes`` does first."""
 
     __slots__ = ("_shm", "_size")
 

@@ -7,8 +7,8 @@ import zenoh
 #: Shared-memory pool of a publisher that writes large payloads into shared memory: at least
 #: this many bytes ...
 SHM_POOL_BYTES = 32 * 1024 * 1024
-#: ... and room for this many of its first large payload (8 MiB clouds: 64 MiB; measured at
-#: 8 MiB: 4 in flight sent 22 % of the samples the ordinary way, 8 about 3 %). Created at the
+#: ... and room for this many of its first large payload (8 MiB clouds: 64 MiB; with fewer,
+#: a burst of large samples finds the pool full and goes the ordinary way). Created at the
 #: first such payload, in ``/dev/shm``, only if that has room for twice the pool; when the
 #: pool is full a payload goes the ordinary way (Zenoh copies it), the publisher never waits.
 SHM_POOL_SAMPLES = 8
@@ -42,8 +42,8 @@ REQUEST_GRACE_S = 1.0
 #: Samples (header and payload) up to this size that queue up behind a BLOCK publisher's
 #: sender thread go out batched (wire format: a batch attachment); bytes.
 BATCH_ITEM_MAX_BYTES = 16 * 1024
-#: Most bytes in one batch (Zenoh fragments a message above its 64 KiB transport batch; one
-#: put of 256 KiB still cost 9-20 % less CPU per 1 KiB sample than four of 64 KiB, measured).
+#: Most bytes in one batch (Zenoh fragments a message above its 64 KiB transport batch, and
+#: one put of 256 KiB still costs less CPU per small sample than four of 64 KiB).
 BATCH_MAX_BYTES = 256 * 1024
 #: Batch bodies of at least this many bytes are assembled in buffers the sender thread keeps
 #: (see :class:`BodyBuffers`); smaller ones are joined afresh.
