@@ -2,8 +2,8 @@
 
 ``uvloop`` where it is installed (embodied_bus installs it on Linux and macOS), else asyncio's
 own loop. The rclpy nodes and ``SyncBus`` keep asyncio's loop. uvloop takes less CPU per
-action (see docs/performance.md); stream throughput is the same on both. Library code runs on whatever loop the
-application chose: ``uvloop.run(main())`` picks this one.
+action (see docs/performance.md); stream throughput is the same on both. Library code runs on
+whatever loop the application chose: ``uvloop.run(main())`` picks this one.
 """
 
 from __future__ import annotations

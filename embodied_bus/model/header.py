@@ -101,9 +101,10 @@ class Header(msgspec.Struct, frozen=True, gc=False, order=True):
 
     An immutable ``msgspec.Struct`` built in C that the garbage collector does not track (it
     holds only strings, ints and enum members): a subscriber builds one per sample, and tracking
-    each for as long as it lives costs small-sample streams throughput. It keeps the named tuple's conveniences: unpacking and indexing in field order,
-    ``len``, ``_fields``, ``_replace`` and ``_asdict``; it is hashable and orders like a tuple
-    of its fields, but never equals a plain tuple.
+    each for as long as it lives costs small-sample streams throughput. It keeps the named
+    tuple's conveniences: unpacking and indexing in field order, ``len``, ``_fields``,
+    ``_replace`` and ``_asdict``; it is hashable and orders like a tuple of its fields, but
+    never equals a plain tuple.
 
     Attributes:
         stream: Stream name, segments of ``[A-Za-z0-9_-]`` separated by ``/``.
