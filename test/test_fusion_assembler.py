@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import time
 from collections import Counter
 from pathlib import Path
 
@@ -533,3 +534,22 @@ def test_skew_is_reported_only_when_an_input_besides_the_reference_is_picked_nea
     metrics.record(frame, 60 * MS)
     summary = metrics.as_dict()
     assert (summary["skew_p50_ms"], summary["skew_p99_ms"]) == ((7.0, 7.0) if tracked else (None, None))
+
+
+def test_end_to_end_latency_of_frames_stamped_off_the_wall_clock_is_not_available_with_the_reason() -> None:
+    from embodied_bus.fusion import frame_summary
+    from embodied_bus.fusion.metrics import E2E_UNAVAILABLE, FusionMetrics
+
+    frames, _, _ = run(generate(Scenario(duration_s=1)))
+    now_ns = time.time_ns()
+    replayed = FusionMetrics.for_spec(SPEC)  # a recording's stamps, years before now
+    for f in frames:
+        replayed.record(f, f.reference_stamp_ns + 40 * MS + 3 * 365 * 86_400 * 10**9)
+    doc = replayed.as_dict()
+    assert doc["end_to_end_p50_ms"] is None and doc["end_to_end_p99_ms"] is None
+    assert doc["end_to_end"] == E2E_UNAVAILABLE
+    assert frame_summary(frames[0], now_ns)["end_to_end_ms"] is None
+    live = FusionMetrics.for_spec(SPEC)
+    for f in frames:
+        live.record(f, f.reference_stamp_ns + 40 * MS)
+    assert live.as_dict()["end_to_end_p50_ms"] == 40.0 and "end_to_end" not in live.as_dict()

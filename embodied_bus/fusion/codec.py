@@ -13,6 +13,7 @@ from typing import Any
 
 from embodied_bus.errors import EncodingError
 from embodied_bus.fusion.frame import Member, MultiModalFrame
+from embodied_bus.fusion.metrics import end_to_end_ms
 from embodied_bus.model.header import Header, HeaderFlags, Modality, validate_stream_name
 from embodied_bus.model.limits import DEFAULT_LIMITS, DecodeLimits
 from embodied_bus.model.sample import Sample
@@ -205,7 +206,9 @@ def decode_frame(
 
 
 def frame_summary(frame: MultiModalFrame, emitted_ns: int) -> dict[str, Any]:
-    """One JSON-ready line per frame: bucket, members with stamps, missing, skew, latency."""
+    """One JSON-ready line per frame: bucket, members with stamps, missing, skew, latency
+    (``end_to_end_ms`` None where the stamps are not on the wall clock)."""
+    e2e = end_to_end_ms(emitted_ns, frame.reference_stamp_ns)
     return {
         "bucket": frame.bucket,
         "start_ns": frame.start_ns,
@@ -231,6 +234,6 @@ def frame_summary(frame: MultiModalFrame, emitted_ns: int) -> dict[str, Any]:
         "added_latency_ms": round((emitted_ns - frame.last_arrival_ns) / 1e6, 3)
         if frame.last_arrival_ns
         else None,
-        "end_to_end_ms": round((emitted_ns - frame.reference_stamp_ns) / 1e6, 3),
+        "end_to_end_ms": None if e2e is None else round(e2e, 3),
         "emitted_ns": emitted_ns,
     }

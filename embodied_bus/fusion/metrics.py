@@ -12,10 +12,24 @@ import numpy as np
 from embodied_bus.fusion.frame import MultiModalFrame
 from embodied_bus.fusion.spec import FusionSpec, Pick, Role
 
-__all__ = ["FusionMetrics"]
+__all__ = ["E2E_UNAVAILABLE", "FusionMetrics", "end_to_end_ms"]
 
 #: Frames the percentiles are taken over (the most recent).
 _WINDOW = 4096
+#: An end-to-end latency (emit - reference stamp) beyond this many seconds is not a latency:
+#: the stamps are not on the wall clock (a recording replayed with its own stamps).
+E2E_PLAUSIBLE_S = 60.0
+#: What the summary says instead of end-to-end latencies that cannot be computed.
+E2E_UNAVAILABLE = (
+    "not available: the frames' sensor stamps are not on this host's wall clock "
+    "(a recording replayed with its own stamps, or a sensor clock far off)"
+)
+
+
+def end_to_end_ms(emitted_ns: int, reference_stamp_ns: int) -> float | None:
+    """Emit - reference stamp in ms, or None where the stamps are not on the wall clock."""
+    ms = (emitted_ns - reference_stamp_ns) / 1e6
+    return ms if abs(ms) <= E2E_PLAUSIBLE_S * 1e3 else None
 
 
 def _pct(values: deque[float]) -> tuple[float | None, float | None]:
@@ -46,6 +60,8 @@ class FusionMetrics:
     #: Added latency of the frames emitted on completion (not forced), ms.
     added_on_completion_ms: deque[float] = field(default_factory=lambda: deque(maxlen=_WINDOW))
     e2e_ms: deque[float] = field(default_factory=lambda: deque(maxlen=_WINDOW))
+    #: Frames whose end-to-end latency cannot be computed (see :data:`E2E_UNAVAILABLE`).
+    e2e_unavailable: int = 0
 
     @classmethod
     def for_spec(cls, spec: FusionSpec) -> FusionMetrics:
@@ -70,7 +86,11 @@ class FusionMetrics:
             self.added_ms.append(added_ms)
             if not frame.forced:
                 self.added_on_completion_ms.append(added_ms)
-        self.e2e_ms.append((emitted_ns - frame.reference_stamp_ns) / 1e6)
+        e2e = end_to_end_ms(emitted_ns, frame.reference_stamp_ns)
+        if e2e is None:
+            self.e2e_unavailable += 1
+        else:
+            self.e2e_ms.append(e2e)
 
     def as_dict(self) -> dict[str, Any]:
         elapsed = max(1e-9, time.monotonic() - self.started)
@@ -94,6 +114,7 @@ class FusionMetrics:
             "forced": self.forced,
             "end_to_end_p50_ms": e2e[0],
             "end_to_end_p99_ms": e2e[1],
+            **({"end_to_end": E2E_UNAVAILABLE} if self.e2e_unavailable and not self.e2e_ms else {}),
             "late": self.late,
             "dropped_incomplete": self.dropped,
             "stamp_jumps": self.jumps,
