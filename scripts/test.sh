@@ -6,7 +6,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 scripts/setup.sh pulsar,test
 .venv/bin/python -m embodied_bus.testing.pulsar fetch >/dev/null
-.venv/bin/ruff check embodied_bus test bench
+.venv/bin/ruff check embodied_bus test bench examples
 .venv/bin/mypy embodied_bus
 .venv/bin/lint-imports   # the layers of docs/architecture.md
 # A bound on the whole pytest run (normally 5-10 min): a hang fails fast instead of eating CI's hour.
