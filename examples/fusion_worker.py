@@ -43,9 +43,8 @@ async def main() -> None:
         await task
         for f in frames[:5]:
             members = {name: len(ms) for name, ms in f.members.items()}
-            print(
-                f"bucket {f.bucket}: complete={f.complete} members={members} skew {f.max_skew_ns / 1e6:.1f} ms"
-            )
+            skew_ms = f.max_skew_ns / 1e6
+            print(f"bucket {f.bucket}: complete={f.complete} members={members} skew {skew_ms:.1f} ms")
         print(worker.summary()["completeness_pct"], "% complete of", len(frames), "frames")
 
 

@@ -52,9 +52,7 @@ async def main() -> None:
             cdr = navsatfix_cdr(47.3763 + seq * 1e-5, 8.5503)
             pub.put(cdr, attachment=pack_attachment(seq, time.time_ns(), gid_of("example-node")))
             s = await sub.recv(timeout_s=5)
-            print(
-                f"bus stream {s.stream}: seq {s.seq}, {s.header.encoding}, stamp {s.stamp_ns}, {len(s.payload)} B"
-            )
+            print(f"bus stream {s.stream}: seq {s.seq}, {s.header.encoding}, {len(s.payload)} bytes")
         session.close()
 
 
