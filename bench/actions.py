@@ -343,7 +343,7 @@ def raw_pulsar_shared(
     # to stdout, where this script's JSON goes
     client = pulsar.Client(url, logger=native_logger())
     topic = f"persistent://public/default/eb-bench-actions-{uuid.uuid4().hex[:8]}"
-    # the executors' receiver queue (raw measured the same with 1 and 2, 2026-12-03)
+    # the executors' receiver queue (raw measures the same with 1 and 2)
     consumers = [
         client.subscribe(
             topic,
@@ -561,11 +561,9 @@ def main() -> None:
                 url = broker.url
                 if broker_pid is None and broker.proc is not None:
                     broker_pid = broker.proc.pid  # the JVM (bin/pulsar execs it)
-                # a fresh broker's JVM is cold: the first seconds of work run slower (an
-                # actions run first on a fresh broker read 1,384 against 2,200-2,400 after it,
-                # 2026-12-03). Both sides are warmed, neither reported: with the raw baseline's
-                # traffic, and with a round of actions (warmed by raw traffic alone, the broker
-                # still spent 0.70 ms of CPU per action against 0.17-0.21 on a warm broker)
+                # a fresh broker's JVM is cold: the first seconds of work run slower. Both sides
+                # are warmed, neither reported: with the raw baseline's traffic, and with a round
+                # of actions (raw traffic alone leaves the broker's action path cold)
                 raw_pulsar_shared(url, RAW_MESSAGES_PER_ACTION * n, args.prefetch, broker_pid)
                 for durable in (False, True):
                     raw_pulsar_floor(
@@ -582,8 +580,8 @@ def main() -> None:
                     prefetch=args.prefetch,
                 )
             )
-            # raw runs about as long as ours (a 5,000-message burst takes ~0.5 s and read 10-60 %
-            # higher than the same client sustained over seconds, 2026-12-03)
+            # raw runs about as long as ours (a short burst reads higher than the same client
+            # sustained over seconds)
             raw = raw_pulsar_shared(url, RAW_MESSAGES_PER_ACTION * n, args.prefetch, broker_pid)
             # what an action costs at the least in raw pulsar-client (see raw_pulsar_floor)
             floors = {

@@ -53,13 +53,10 @@ SIZES = {"64B": 64, "1KiB": 1024, "1MiB": 1 << 20, "8MiB": 8 << 20}
 
 def counts(quick: bool) -> dict[str, int]:
     """Samples per run. Every size runs long enough (about a second on Zenoh) that start-up
-    does not decide the figure. Large sizes: the first touches of fresh shared-memory pages (a
-    pool of 32-64 MiB per publisher and per session); with 40 samples of 8 MiB they did
-    (embodied_bus 143 msgs/s against raw zenoh-python's shared-memory API at 271; with 200
-    samples 278-284 against 295-341). Small sizes: 30,000 samples lasted ~0.1 s, and the
-    start of a stream (sessions matching, the first batches, threads waking) took ~15 % off
-    embodied_bus's rate and ~8 % off raw zenoh-python's (2026-12-04: 222-300 k against 274-358 k
-    msgs/s in 800 k-sample runs, raw 371-516 k against 514-560 k)."""
+    does not decide the figure: for large sizes the first touches of fresh shared-memory pages
+    (a pool of 32-64 MiB per publisher and per session), for small sizes the start of a stream
+    (sessions matching, the first batches, threads waking), which costs embodied_bus more than
+    raw zenoh-python in a short run."""
     if quick:
         return {"64B": 20000, "1KiB": 20000, "1MiB": 400, "8MiB": 48}
     return {"64B": 300_000, "1KiB": 300_000, "1MiB": 2000, "8MiB": 200}
@@ -269,8 +266,7 @@ def _quiet_logger() -> Any:
 
     Not a Python ``logging.Logger``: the C++ client keeps the logger of the first client of a
     process for every later client, and a Python logger takes the GIL on every log-level check
-    of the client's I/O threads. Until 2026-12-02 the raw runs used one and were slowed by it
-    (and so was every run of ours measured after them): the Pulsar ratios were inflated.
+    of the client's I/O threads, which slows the raw runs and every run of ours after them.
     """
     import pulsar
 

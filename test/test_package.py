@@ -89,6 +89,20 @@ def test_the_readmes_streams_example_runs_as_shown() -> None:
     assert "'received': 1," in counters and "'gaps': 0," in counters, counters
 
 
+def test_the_readmes_actions_example_runs_as_shown() -> None:
+    readme = (ROOT / "README.md").read_text()
+    start = readme.index("## Actions in 20 lines")
+    begin = readme.index("```python\n", start) + len("```python\n")
+    code = readme[begin : readme.index("```\n", begin)]
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip().splitlines()[-1] == "{'picked': 'cup'}", out.stdout
+
+
+def test_the_readme_is_a_front_door_of_at_most_12_kb() -> None:
+    assert len((ROOT / "README.md").read_bytes()) <= 12 * 1024
+
+
 #: Files that may reach beside the repository: the interoperability tests with ros-z
 #: (``../shared/ros-z``), which skip with a reason where it is absent.
 ROS_Z_INTEROP = frozenset({"test/ros_z.py"})
@@ -129,3 +143,11 @@ def test_headers_are_constructed_by_keyword_everywhere_but_the_bulk_decoder() ->
                 ):
                     positional.append(f"{path.relative_to(ROOT)}:{node.lineno}")
     assert not positional, positional
+
+
+def test_the_command_line_reference_is_generated_from_the_parsers() -> None:
+    from embodied_bus.cli.reference import markdown
+
+    assert (ROOT / "docs" / "cli.md").read_text() == markdown(), (
+        "docs/cli.md is stale: python -m embodied_bus.cli.reference > docs/cli.md"
+    )
