@@ -23,7 +23,8 @@ def test_the_wheel_installs_into_a_clean_environment_and_runs_the_demo_and_docto
     assert build.returncode == 0, build.stdout[-2000:] + build.stderr[-2000:]
     (wheel,) = dist.glob("embodied_bus-*.whl")
     (sdist,) = dist.glob("embodied_bus-*.tar.gz")
-    assert wheel.name.startswith(f"embodied_bus-{__version__}-") and sdist.name == f"embodied_bus-{__version__}.tar.gz"
+    assert wheel.name.startswith(f"embodied_bus-{__version__}-")
+    assert sdist.name == f"embodied_bus-{__version__}.tar.gz"
     check = subprocess.run(
         [sys.executable, "-m", "twine", "check", "--strict", str(wheel), str(sdist)],
         capture_output=True, text=True, timeout=120,
