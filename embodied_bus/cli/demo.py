@@ -15,6 +15,7 @@ import asyncio
 import json
 import sys
 import time
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -34,7 +35,7 @@ from embodied_bus.cli.replay import mapping_from_config
 from embodied_bus.cli.streams import drain, stream_rows
 from embodied_bus.fusion.codec import frame_summary
 from embodied_bus.fusion.frame import MultiModalFrame
-from embodied_bus.fusion.spec import load_spec
+from embodied_bus.fusion.spec import FusionSpec, load_spec
 from embodied_bus.fusion.worker import FusionWorker, frames_stream
 from embodied_bus.model.qos import SubscriptionOptions
 from embodied_bus.replay.player import ReplayOptions, replay
@@ -88,6 +89,26 @@ def live_status(elapsed_s: float, replayed: float, worker: FusionWorker, fleet: 
     )
 
 
+class FrameLog:
+    """The demo's frames: one JSON line each, and every tenth bucket to the planner."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self.file = path.open("w")
+        self.summaries: list[dict[str, Any]] = []
+        self.buckets: asyncio.Queue[int] = asyncio.Queue()
+
+    def __call__(self, frame: MultiModalFrame, emitted_ns: int) -> None:
+        line = frame_summary(frame, emitted_ns)
+        self.summaries.append(line)
+        self.file.write(json.dumps(line) + "\n")
+        if len(self.summaries) % ACTION_EVERY_FRAMES == 0:
+            self.buckets.put_nowait(frame.bucket)  # the planner reacts to perception
+
+    def close(self) -> None:
+        self.file.close()
+
+
 async def run(args: argparse.Namespace) -> int:
     if args.synthetic:
         return await run_synthetic(args)
@@ -96,114 +117,112 @@ async def run(args: argparse.Namespace) -> int:
     mapping = mapping_from_config(str(cfg))
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    stop = asyncio.Event()
-    install_stop_signals(stop)
     port = free_port()
-    tty = sys.stdout.isatty() and not args.json
-    frames_file = (out / "frames.jsonl").open("w")
-    summaries: list[dict[str, Any]] = []
-
-    frame_buckets: asyncio.Queue[int] = asyncio.Queue()
-
-    def on_frame(frame: MultiModalFrame, emitted_ns: int) -> None:
-        line = frame_summary(frame, emitted_ns)
-        summaries.append(line)
-        frames_file.write(json.dumps(line) + "\n")
-        if len(summaries) % ACTION_EVERY_FRAMES == 0:
-            frame_buckets.put_nowait(frame.bucket)  # the planner reacts to perception
-
-    def say(text: str) -> None:
-        if not args.json:
-            print(text, flush=True)
-
-    say(
-        f"embodied_bus demo: replaying {bag.name} ({', '.join(sorted(mapping))}) over embedded Zenoh "
-        f"(tcp/127.0.0.1:{port}) at {args.rate:g}x, fusing into {frames_stream(spec)}"
-    )
+    if not args.json:
+        print(
+            f"embodied_bus demo: replaying {bag.name} ({', '.join(sorted(mapping))}) over embedded Zenoh "
+            f"(tcp/127.0.0.1:{port}) at {args.rate:g}x, fusing into {frames_stream(spec)}",
+            flush=True,
+        )
     t0 = time.monotonic()
+    frames = FrameLog(out / "frames.jsonl")
     try:
-        async with (
-            open_bus(f"zenoh:?listen=tcp/127.0.0.1:{port}", namespace="demo") as robot,
-            open_bus(f"zenoh://127.0.0.1:{port}", namespace="demo") as cloud,
-        ):
-            worker = FusionWorker(cloud, spec, on_frame=on_frame, idle_flush_s=0.5)
-            fleet = await ActionDemo.start(robot, cloud, out / "actions.db")
-            worker_stop, rec_stop, rec_ready = asyncio.Event(), asyncio.Event(), asyncio.Event()
-            worker_task = asyncio.create_task(worker.run(worker_stop))
-            rec_task = asyncio.create_task(
-                record(
-                    cloud,
-                    out / "demo.mcap",
-                    [*sorted(mapping.values()), frames_stream(spec)],
-                    rec_stop,
-                    ready=rec_ready,
-                )
-            )
-            monitor = await cloud.subscribe(
-                sorted(mapping.values()), options=SubscriptionOptions(capacity=4096)
-            )
-            mon_stop = asyncio.Event()
-            mon_task = asyncio.create_task(drain(monitor, mon_stop))
-            await worker.ready.wait()
-            await rec_ready.wait()
-            progress = {"frac": 0.0}
-            opts = ReplayOptions(rate=args.rate, topics=tuple(mapping), mapping=mapping)
-            replay_task = asyncio.create_task(
-                replay(robot, [bag], opts, stop=stop, progress=lambda f, n: progress.update(frac=f))
-            )
-            planner_task = asyncio.create_task(fleet.plan(frame_buckets, replay_task))
-            while not replay_task.done():
-                await asyncio.wait({replay_task}, timeout=1.0)
-                status = live_status(time.monotonic() - t0, progress["frac"], worker, fleet)
-                if tty:
-                    print(
-                        "\x1b[2J\x1b[H" + status + "\n\n" + fmt_table(stream_rows(monitor), LIVE_COLUMNS),
-                        flush=True,
-                    )
-                elif not args.json:
-                    print(status, flush=True)
-            replayed = replay_task.result().as_dict()
-            deadline = time.monotonic() + 5
-            while worker.assembler.open_buckets and time.monotonic() < deadline:
-                await asyncio.sleep(0.1)  # the worker flushes once input stops
-            worker_stop.set()
-            await worker_task
-            await planner_task
-            actions = await fleet.finish()
-            await asyncio.sleep(0.3)
-            rec_stop.set()
-            mon_stop.set()
-            recorded = await rec_task
-            await mon_task
-            fusion = worker.summary()
-            streams = stream_rows(monitor)
+        results = await run_pipeline(args, Pipeline(bag, spec, mapping, out, port), frames)
     finally:
-        frames_file.close()
+        frames.close()
     png = (
-        plot_timeline(summaries, out / "timeline.png", title=f"{bag.name}: {len(summaries)} frames")
-        if summaries
+        plot_timeline(
+            frames.summaries, out / "timeline.png", title=f"{bag.name}: {len(frames.summaries)} frames"
+        )
+        if frames.summaries
         else None
     )
     summary = {
         "recording": str(bag),
         "rate": args.rate,
         "wall_s": round(time.monotonic() - t0, 2),
-        "replayed": replayed,
-        "streams": streams,
-        "fusion": fusion,
-        "actions": actions,
+        **{k: results[k] for k in ("replayed", "streams", "fusion", "actions")},
         "outputs": {
-            "frames": str(out / "frames.jsonl"),
+            "frames": str(frames.path),
             "mcap": str(out / "demo.mcap"),
             "timeline_png": str(png) if png else None,
-            "mcap_messages": recorded,
+            "mcap_messages": results["mcap_messages"],
         },
     }
     if args.json:
         print(json.dumps(summary, indent=2))
     else:
         print_summary(summary)
-    return 0 if fusion["frames"] > 0 and actions["dead_letters"] else 1
+    return 0 if summary["fusion"]["frames"] > 0 and summary["actions"]["dead_letters"] else 1
+
+
+@dataclass(frozen=True, slots=True)
+class Pipeline:
+    """What the demo runs: the recording, its fusion spec, topic → stream names, where to write."""
+
+    bag: Path
+    spec: FusionSpec
+    mapping: dict[str, str]
+    out: Path
+    port: int
+
+
+async def run_pipeline(args: argparse.Namespace, p: Pipeline, frames: FrameLog) -> dict[str, Any]:
+    """Replay the recording on a "robot" bus; fuse, act and record on a "cloud" bus."""
+    stop = asyncio.Event()
+    install_stop_signals(stop)
+    streams = sorted(p.mapping.values())
+    async with (
+        open_bus(f"zenoh:?listen=tcp/127.0.0.1:{p.port}", namespace="demo") as robot,
+        open_bus(f"zenoh://127.0.0.1:{p.port}", namespace="demo") as cloud,
+    ):
+        worker = FusionWorker(cloud, p.spec, on_frame=frames, idle_flush_s=0.5)
+        fleet = await ActionDemo.start(robot, cloud, p.out / "actions.db")
+        worker_stop, rec_stop, rec_ready, mon_stop = (asyncio.Event() for _ in range(4))
+        worker_task = asyncio.create_task(worker.run(worker_stop))
+        rec_task = asyncio.create_task(
+            record(cloud, p.out / "demo.mcap", [*streams, frames_stream(p.spec)], rec_stop, ready=rec_ready)
+        )
+        monitor = await cloud.subscribe(streams, options=SubscriptionOptions(capacity=4096))
+        mon_task = asyncio.create_task(drain(monitor, mon_stop))
+        await worker.ready.wait()
+        await rec_ready.wait()
+        progress = {"frac": 0.0}
+        opts = ReplayOptions(rate=args.rate, topics=tuple(p.mapping), mapping=p.mapping)
+        replay_task = asyncio.create_task(
+            replay(robot, [p.bag], opts, stop=stop, progress=lambda f, n: progress.update(frac=f))
+        )
+        planner_task = asyncio.create_task(fleet.plan(frames.buckets, replay_task))
+        t0 = time.monotonic()
+        while not replay_task.done():
+            await asyncio.wait({replay_task}, timeout=1.0)
+            status = live_status(time.monotonic() - t0, progress["frac"], worker, fleet)
+            if sys.stdout.isatty() and not args.json:
+                print(
+                    "\x1b[2J\x1b[H" + status + "\n\n" + fmt_table(stream_rows(monitor), LIVE_COLUMNS),
+                    flush=True,
+                )
+            elif not args.json:
+                print(status, flush=True)
+        deadline = time.monotonic() + 5
+        while worker.assembler.open_buckets and time.monotonic() < deadline:
+            await asyncio.sleep(0.1)  # the worker flushes once input stops
+        worker_stop.set()
+        await worker_task
+        await planner_task
+        actions = await fleet.finish()
+        await asyncio.sleep(0.3)  # the last frames and results reach the recorder
+        rec_stop.set()
+        mon_stop.set()
+        recorded = await rec_task
+        await mon_task
+        return {
+            "replayed": replay_task.result().as_dict(),
+            "streams": stream_rows(monitor),
+            "fusion": worker.summary(),
+            "actions": actions,
+            "mcap_messages": recorded,
+        }
 
 
 def print_summary(summary: dict[str, Any]) -> None:
