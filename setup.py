@@ -24,6 +24,7 @@ setup(
         ("share/" + package_name, ["package.xml"]),
         ("share/" + package_name + "/launch", glob("launch/*.launch.py")),
         ("share/" + package_name + "/config", glob("config/*.yaml")),
+        ("share/" + package_name + "/config/foxglove", glob("config/foxglove/*.json")),
         ("share/" + package_name + "/data/tilt_laser", glob("data/tilt_laser/*")),
     ],
     install_requires=[
@@ -45,7 +46,11 @@ setup(
     extras_require={
         "pulsar": ["pulsar-client>=3.9,<4"],
         "pointcloud": ["open3d>=0.18"],
+        # the live view for Foxglove (embodied-bus view, --view)
+        "view": ["foxglove-sdk>=0.30,<1"],
         "test": [
+            "foxglove-sdk>=0.30,<1",
+            "websockets>=13",
             "pulsar-client>=3.9,<4",
             "open3d>=0.18",
             "pytest>=8",

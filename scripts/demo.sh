@@ -3,5 +3,5 @@
 # Extra arguments go to `embodied-bus demo` (e.g. --duration 5 --json).
 set -euo pipefail
 cd "$(dirname "$0")/.."
-scripts/setup.sh pulsar
+scripts/setup.sh pulsar,view
 exec .venv/bin/embodied-bus demo "$@"

@@ -109,6 +109,10 @@ class Backlog:
             "pruned": self.pruned,
         }
 
+    def column_totals(self) -> dict[str, int]:
+        """Actions queued, leased (in flight), retrying and dead, over every kind and priority."""
+        return {c: sum(getattr(r, c) for r in self.rows.values()) for c in _COLUMNS}
+
     @classmethod
     def from_dict(cls, d: Mapping[str, Any]) -> Backlog:
         """The inverse of :meth:`as_dict`."""

@@ -18,9 +18,16 @@ from embodied_bus.actions import DEFAULT_RETRY, ActionError, Executor, Planner, 
 from embodied_bus.actions.queue import EXECUTOR_GROUP, Backlog, executors_with
 from embodied_bus.actions.store import DEFAULT_KEEP_ENDED
 from embodied_bus.bus import Bus, open_bus
-from embodied_bus.cli.common import add_bus_args, add_metrics_arg, fmt_table, install_stop_signals
+from embodied_bus.cli.common import (
+    add_bus_args,
+    add_credential_args,
+    add_metrics_arg,
+    credentials,
+    fmt_table,
+    install_stop_signals,
+)
 from embodied_bus.errors import BusConfigError
-from embodied_bus.security import Sealer, Signer, Trust, Verifier, WatchedAllowList, load_private_key
+from embodied_bus.security import Signer, Verifier, WatchedAllowList, load_private_key
 
 __all__ = ["ActionsView", "add_parsers", "at_least_one", "load_handlers"]
 
@@ -40,7 +47,7 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-a
         help=f"ended actions (succeeded, canceled) kept for planners that look them up later: the "
         f"newest N; older ones are deleted (default {DEFAULT_KEEP_ENDED}; dead letters stay until purged)",
     )
-    _add_credentials(p)
+    add_credential_args(p)
     add_metrics_arg(p)  # the backlog as Prometheus gauges, and as JSON on /backlog (autoscalers)
     p.set_defaults(func=run_queue)
 
@@ -75,7 +82,7 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-a
         help="SQLite file of the signature nonces seen, kept across restarts (default, with --allow: "
         "nonces-<namespace>.db under $XDG_STATE_HOME/embodied_bus or ~/.local/state/embodied_bus)",
     )
-    _add_credentials(p)
+    add_credential_args(p)
     _add_retry_args(p, "Pulsar: ")
     _add_connect_timeout(p, "the broker or the queue service", None)
     add_metrics_arg(p)  # completed / failed / running actions of this executor
@@ -93,14 +100,14 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-a
     p.add_argument("--sign", metavar="KEY.pem", default=None, help="sign the action with this private key")
     p.add_argument("--ttl", type=float, default=60.0, help="signature lifetime in seconds (retries included)")
     _add_connect_timeout(p, "the broker or the queue service", 30.0)
-    _add_credentials(p)
+    add_credential_args(p)
     p.set_defaults(func=run_send)
 
     p = sub.add_parser("dlq", help="dead-letter queue: list | show ID | requeue ID | purge")
     p.add_argument("what", choices=["list", "show", "requeue", "purge"])
     p.add_argument("id", nargs="?")
     add_bus_args(p)
-    _add_credentials(p)
+    add_credential_args(p)
     p.set_defaults(func=run_dlq)
 
     p = sub.add_parser(
@@ -111,33 +118,9 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-a
         "--duration", type=float, default=0.0, help="stop after this many seconds (default: never)"
     )
     p.add_argument("--json", action="store_true", help="print one JSON document per refresh")
-    _add_credentials(p)
+    add_credential_args(p)
     add_metrics_arg(p)  # also serves the backlog as JSON on /backlog (KEDA's metrics-api scaler)
     p.set_defaults(func=run_actions)
-
-
-def _add_credentials(p: argparse.ArgumentParser) -> None:
-    p.add_argument(
-        "--seal",
-        metavar="KEY.pem",
-        default=None,
-        help="seal this process's queue messages with this private key (a Zenoh queue service that "
-        "trusts known parties only answers sealed requests)",
-    )
-    p.add_argument(
-        "--trust",
-        metavar="ALLOW.yaml",
-        default=None,
-        help="believe only queue messages sealed by keys of this allow-list, with the roles they need "
-        "(re-read while it changes: revoking a key takes effect within a second)",
-    )
-
-
-def _credentials(args: argparse.Namespace) -> tuple[Sealer | None, Trust | None]:
-    """The ``--seal`` and ``--trust`` of a command."""
-    sealer = Sealer(load_private_key(args.seal)) if args.seal else None
-    trust = Trust(WatchedAllowList(args.trust)) if args.trust else None
-    return sealer, trust
 
 
 def _nonce_db(args: argparse.Namespace, namespace: str) -> Path:
@@ -217,7 +200,7 @@ async def run_queue(args: argparse.Namespace) -> int:
                 "directly (see embodied_bus.actions.pulsar_queue); run `embodied-bus queue` on Zenoh"
             )
         ready = asyncio.Event()
-        sealer, trust = _credentials(args)
+        sealer, trust = credentials(args)
         service = QueueService(
             bus, args.db, _policy(args), keep_ended=args.keep_ended, sealer=sealer, trust=trust
         )
@@ -275,7 +258,7 @@ async def run_executor(args: argparse.Namespace) -> int:
             if args.allow
             else None
         )
-        sealer, trust = _credentials(args)
+        sealer, trust = credentials(args)
         if verifier is not None and trust is None:
             _log.warning(
                 "actions are verified but queue messages are not sealed: a party on the bus can forge "
@@ -322,7 +305,7 @@ async def run_send(args: argparse.Namespace) -> int:
         signer = (
             Signer(load_private_key(args.sign), ttl_s=args.ttl, audience=bus.namespace) if args.sign else None
         )
-        sealer, trust = _credentials(args)
+        sealer, trust = credentials(args)
         async with Planner(
             bus, signer=signer, connect_timeout_s=_wait_s(args), sealer=sealer, trust=trust
         ) as planner:
@@ -388,7 +371,7 @@ async def _warn_without_executor(bus: Bus, kind: str) -> None:
 
 
 async def run_dlq(args: argparse.Namespace) -> int:
-    sealer, trust = _credentials(args)
+    sealer, trust = credentials(args)
     async with (
         open_bus(args.bus, namespace=args.ns) as bus,
         Planner(bus, sealer=sealer, trust=trust) as planner,
@@ -462,9 +445,7 @@ class ActionsView:
             rates["ended_per_s"] = round(max(0, ended - self._last[1]) / dt, 2)
             rates["redeliveries_per_s"] = round(max(0, redeliveries - self._last[2]) / dt, 2)
         self._last = (now_s, ended, redeliveries)
-        column = {
-            s: sum(r.get(s, 0) for r in backlog.values()) for s in ("queued", "leased", "retrying", "dead")
-        }
+        column = reply.column_totals()
         return {
             "backlog": backlog,
             "kinds": kinds,
@@ -515,7 +496,7 @@ async def run_actions(args: argparse.Namespace) -> int:
             f"metrics on :{exporter.port}/metrics, backlog JSON on :{exporter.port}/backlog", file=sys.stderr
         )
     try:
-        sealer, trust = _credentials(args)
+        sealer, trust = credentials(args)
         async with (
             open_bus(args.bus, namespace=args.ns) as bus,
             Planner(bus, sealer=sealer, trust=trust) as planner,

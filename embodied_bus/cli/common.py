@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING, Any
 from embodied_bus.engines.urls import DEFAULT_URL
 from embodied_bus.errors import EmbodiedBusError
 from embodied_bus.loop import install_stop_signals
+from embodied_bus.security import Sealer, Trust, WatchedAllowList, load_private_key
 
 if TYPE_CHECKING:
     from embodied_bus.actions.queue import Backlog
@@ -19,7 +20,9 @@ if TYPE_CHECKING:
 
 __all__ = [
     "add_bus_args",
+    "add_credential_args",
     "add_metrics_arg",
+    "credentials",
     "fmt_table",
     "install_stop_signals",
     "queue_backlog",
@@ -118,3 +121,28 @@ def fmt_table(rows: Iterable[dict[str, Any]], columns: list[str]) -> str:
     lines = ["  ".join(c.ljust(w) for c, w in zip(columns, widths, strict=False))]
     lines += ["  ".join(v.ljust(w) for v, w in zip(row, widths, strict=False)) for row in cells]
     return "\n".join(lines)
+
+
+def add_credential_args(p: argparse.ArgumentParser) -> None:
+    """``--seal`` and ``--trust``: this process's queue credentials."""
+    p.add_argument(
+        "--seal",
+        metavar="KEY.pem",
+        default=None,
+        help="seal this process's queue messages with this private key (a Zenoh queue service that "
+        "trusts known parties only answers sealed requests)",
+    )
+    p.add_argument(
+        "--trust",
+        metavar="ALLOW.yaml",
+        default=None,
+        help="believe only queue messages sealed by keys of this allow-list, with the roles they need "
+        "(re-read while it changes: revoking a key takes effect within a second)",
+    )
+
+
+def credentials(args: argparse.Namespace) -> tuple[Sealer | None, Trust | None]:
+    """The ``--seal`` and ``--trust`` of a command."""
+    sealer = Sealer(load_private_key(args.seal)) if args.seal else None
+    trust = Trust(WatchedAllowList(args.trust)) if args.trust else None
+    return sealer, trust

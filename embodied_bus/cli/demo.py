@@ -33,6 +33,7 @@ from embodied_bus.bus import open_bus
 from embodied_bus.cli.common import fmt_ms, fmt_table, install_stop_signals
 from embodied_bus.cli.replay import mapping_from_config
 from embodied_bus.cli.streams import drain, stream_rows
+from embodied_bus.cli.view import add_view_arg, serving_view
 from embodied_bus.fusion.codec import frame_summary
 from embodied_bus.fusion.frame import MultiModalFrame
 from embodied_bus.fusion.spec import FusionSpec, load_spec
@@ -76,6 +77,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-ar
     p.add_argument("--json", action="store_true", help="print the summary as JSON")
     p.add_argument("--synthetic", action="store_true", help="synthetic sensors instead of the recording")
     p.add_argument("--duration", type=float, default=10.0, help="--synthetic: seconds to run")
+    add_view_arg(p)
     p.set_defaults(func=run)
 
 
@@ -175,6 +177,7 @@ async def run_pipeline(args: argparse.Namespace, p: Pipeline, frames: FrameLog) 
     async with (
         open_bus(f"zenoh:?listen=tcp/127.0.0.1:{p.port}", namespace="demo") as robot,
         open_bus(f"zenoh://127.0.0.1:{p.port}", namespace="demo") as cloud,
+        serving_view(cloud, args.view),
     ):
         worker = FusionWorker(cloud, p.spec, on_frame=frames, idle_flush_s=0.5)
         fleet = await ActionDemo.start(robot, cloud, p.out / "actions.db")
@@ -373,6 +376,7 @@ async def run_synthetic(args: argparse.Namespace) -> int:
     async with (
         open_bus(f"zenoh:?listen=tcp/127.0.0.1:{port}", namespace="demo") as robot,
         open_bus(f"zenoh://127.0.0.1:{port}", namespace="demo") as monitor,
+        serving_view(monitor, args.view),
     ):
         sub = await monitor.subscribe(None, options=SubscriptionOptions(capacity=4096))
         pubs = [

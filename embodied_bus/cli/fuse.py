@@ -10,6 +10,7 @@ from typing import IO
 
 from embodied_bus.bus import open_bus
 from embodied_bus.cli.common import add_bus_args, add_metrics_arg, fmt_ms, install_stop_signals, serve_until
+from embodied_bus.cli.view import add_view_arg, serving_view
 from embodied_bus.fusion.codec import frame_summary
 from embodied_bus.fusion.frame import MultiModalFrame
 from embodied_bus.fusion.spec import load_spec
@@ -24,6 +25,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-ar
     p = sub.add_parser("fuse", help="assemble per-bucket multi-modal frames from sensor streams")
     p.add_argument("--config", required=True, help="fusion spec YAML (see config/fusion.yaml)")
     add_bus_args(p)
+    add_view_arg(p)
     p.add_argument("--frames-out", metavar="FILE", help="write one JSON line per frame")
     p.add_argument("--duration", type=float, default=0.0, help="stop after S seconds (0 = Ctrl-C)")
     p.add_argument("--json", action="store_true", help="print the final summary as JSON")
@@ -52,7 +54,7 @@ async def run(args: argparse.Namespace) -> int:
             out.write(json.dumps(frame_summary(frame, emitted_ns)) + "\n")
 
     try:
-        async with open_bus(args.bus, namespace=args.ns) as bus:
+        async with open_bus(args.bus, namespace=args.ns) as bus, serving_view(bus, args.view):
             worker = FusionWorker(
                 bus, spec, on_frame=on_frame, scale_out=args.scale_out, worker_id=args.worker_id
             )

@@ -23,6 +23,7 @@ from embodied_bus.cli import (
     stage,
     streams,
     top,
+    view,
 )
 from embodied_bus.errors import EmbodiedBusError
 from embodied_bus.loop import loop_runner
@@ -45,6 +46,7 @@ def build_parser() -> argparse.ArgumentParser:
         echo,
         streams,
         top,
+        view,
         replay,
         record,
         fuse,

@@ -13,6 +13,7 @@ import yaml
 
 from embodied_bus.bus import open_bus
 from embodied_bus.cli.common import add_bus_args, install_stop_signals
+from embodied_bus.cli.view import add_view_arg, serving_view
 from embodied_bus.errors import BusConfigError
 from embodied_bus.replay.player import ReplayOptions, replay
 
@@ -23,6 +24,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-ar
     p = sub.add_parser("replay", help="replay rosbag2 (sqlite3, MCAP), legacy .db3 and ROS 1 bags")
     p.add_argument("paths", nargs="+", metavar="PATH")
     add_bus_args(p)
+    add_view_arg(p)
     g = p.add_mutually_exclusive_group()
     g.add_argument("--rate", type=float, default=1.0, help="speed factor (default 1.0)")
     g.add_argument("--fast", action="store_true", help="as fast as possible, deterministic order")
@@ -103,7 +105,7 @@ async def run(args: argparse.Namespace) -> int:
 
         bar.start()
     try:
-        async with open_bus(args.bus, namespace=args.ns) as bus:
+        async with open_bus(args.bus, namespace=args.ns) as bus, serving_view(bus, args.view):
             summary = await replay(bus, args.paths, opts, stop=stop, progress=progress_cb)
     finally:
         if bar is not None:

@@ -60,10 +60,11 @@ def make_payload(spec: SensorSpec, i: int, rng: np.random.Generator) -> Any:
     if spec.modality is Modality.CAMERA:
         img = np.full((480, 640, 3), i % 255, dtype=np.uint8)
         return img.tobytes()
-    if spec.modality is Modality.GPS:
-        return np.array([47.3763 + i * 1e-6, 8.5503, 499.5], dtype=np.float64)
+    if spec.modality is Modality.GPS:  # latitude_deg, longitude_deg, altitude_m, status (a fix)
+        return np.array([47.3763 + i * 1e-6, 8.5503, 499.5, 0.0], dtype=np.float64)
+    # the array form of sensor_msgs/Imu (rosmsg.imu_to_array): quaternion, rad/s, m/s^2
     return np.concatenate(
-        [rng.standard_normal(3) * 0.05 + [0, 0, 9.81], rng.standard_normal(3) * 0.01, [1.0, 0, 0, 0]]
+        [[0.0, 0.0, 0.0, 1.0], rng.standard_normal(3) * 0.01, rng.standard_normal(3) * 0.05 + [0, 0, 9.81]]
     )
 
 
