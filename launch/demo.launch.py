@@ -1,24 +1,11 @@
-"""Launch the embodied_bus demo (the README's main job, over embedded Zenoh) from ROS 2.
+"""The embodied_bus demo (the README's main job, over embedded Zenoh), with its recording and
+config found through the ament index.
 
-ros2 launch embodied_bus demo.launch.py
+ros2 launch embodied_bus demo.launch.py out:=out/demo
 """
 
-from launch.actions import DeclareLaunchArgument
-from launch.substitutions import LaunchConfiguration
-from launch_ros.actions import Node
-
-from launch import LaunchDescription
+from embodied_bus.ros.launching import launch_description
 
 
-def generate_launch_description() -> LaunchDescription:
-    return LaunchDescription(
-        [
-            DeclareLaunchArgument("out", default_value="out/demo", description="output directory"),
-            Node(
-                package="embodied_bus",
-                executable="embodied-bus",
-                arguments=["demo", "--out", LaunchConfiguration("out")],
-                output="screen",
-            ),
-        ]
-    )
+def generate_launch_description():  # type: ignore[no-untyped-def]
+    return launch_description("demo")

@@ -3,7 +3,6 @@ tests run where rclpy exists and skip cleanly where it does not (this project's 
 
 from __future__ import annotations
 
-import ast
 import asyncio
 import importlib
 import inspect
@@ -20,6 +19,7 @@ import pytest
 from embodied_bus import open_bus
 from embodied_bus.cli.launch_nodes import fusion_worker as fusion_worker_main
 from embodied_bus.cli.launch_nodes import resolve_bus, strip_ros_args
+from embodied_bus.errors import BusConfigError
 from embodied_bus.fusion.codec import encode_frame
 from embodied_bus.fusion.frame import Member, MultiModalFrame
 from embodied_bus.model.header import Header, HeaderFlags, Modality
@@ -33,6 +33,7 @@ from embodied_bus.ros.bridge_core import (
     parse_submission,
 )
 from embodied_bus.ros.config import FrameRoute, load_robot_config
+from embodied_bus.ros.launching import LAUNCH_FILES, LaunchArgs
 from embodied_bus.rosmsg.conversions import array_to_pointcloud2_cdr
 from embodied_bus.testing.ports import free_port
 
@@ -81,39 +82,24 @@ def test_rclpy_nodes_exit_with_a_clear_message_where_rclpy_is_absent(name: str) 
     assert "rclpy is not available" in proc.stderr and "embodied-bus ros-bridge" in proc.stderr
 
 
-def _launch_tree(name: str) -> ast.Module:
-    return ast.parse((ROOT / "launch" / name).read_text())
-
-
-@pytest.mark.parametrize(
-    "name", ["bridge.launch.py", "fusion.launch.py", "executors.launch.py", "robot.launch.py"]
-)
+@pytest.mark.parametrize("name", sorted(LAUNCH_FILES))
 def test_launch_files_take_config_bus_and_namespace_arguments(name: str) -> None:
-    declared = {
-        n.args[0].value
-        for n in ast.walk(_launch_tree(name))
-        if isinstance(n, ast.Call)
-        and getattr(n.func, "id", "") == "DeclareLaunchArgument"
-        and isinstance(n.args[0], ast.Constant)
-    }
-    assert {"config", "bus", "namespace"} <= declared
+    declared = {a.name for a in LAUNCH_FILES[name].arguments}
+    assert {"config", "bus", "namespace", "router"} <= declared
+    assert declared <= set(LaunchArgs.__dataclass_fields__)
 
 
-def test_robot_launch_includes_the_other_launch_files_and_they_exist() -> None:
-    included = {
-        n.args[0].value
-        for n in ast.walk(_launch_tree("robot.launch.py"))
-        if isinstance(n, ast.Call) and getattr(n.func, "id", "") == "include" and n.args
-    }
-    assert included == {"bridge.launch.py", "fusion.launch.py", "executors.launch.py"}
-    assert all((ROOT / "launch" / f).exists() for f in included)
-    executables = {
-        kw.value.value
-        for path in (ROOT / "launch").glob("*.launch.py")
-        for kw in ast.walk(ast.parse(path.read_text()))
-        if isinstance(kw, ast.keyword) and kw.arg == "executable" and isinstance(kw.value, ast.Constant)
-    }
-    assert set(NODES + PROCESSES) <= executables <= set(_scripts())
+def test_every_process_of_every_launch_file_runs_a_module_of_the_package() -> None:
+    modules = set()
+    for launch_file in LAUNCH_FILES.values():
+        for rclpy in (True, False):
+            args = LaunchArgs(config=str(ROOT / "config" / "robot.yaml"), rclpy=rclpy, router=True)
+            for spec in launch_file.processes(args):
+                assert spec.command[:2] == (sys.executable, "-m"), spec
+                modules.add(spec.command[2])
+    assert modules == {"embodied_bus.cli.main", *(f"embodied_bus.ros.nodes.{n}" for n in NODES)}
+    for module in modules:
+        importlib.import_module(module)
 
 
 def test_a_built_wheel_installs_launch_and_config_files_under_share(tmp_path: Path) -> None:
@@ -156,7 +142,13 @@ def test_launch_ros_arguments_are_stripped_and_empty_bus_options_fall_back_to_th
         ["--config", str(ROOT / "config" / "robot.yaml"), "--bus", "", "--ns", "", "--json"],
         config_required=True,
     )
-    assert opts == ["--bus", "zenoh:", "--ns", "robot1", "--json"]
+    assert opts == ["--bus", "zenoh://localhost:7447", "--ns", "robot1", "--json"]
+    with pytest.raises(BusConfigError, match="no other process can reach"):
+        resolve_bus(
+            "fusion_worker",
+            ["--config", str(ROOT / "config" / "robot.yaml"), "--bus", "zenoh:"],
+            config_required=True,
+        )
 
 
 def test_the_fusion_worker_process_runs_the_robot_configs_spec(capsys: pytest.CaptureFixture[str]) -> None:

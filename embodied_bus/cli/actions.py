@@ -26,6 +26,7 @@ from embodied_bus.cli.common import (
     fmt_table,
     install_stop_signals,
 )
+from embodied_bus.engines.urls import parse_bus_url
 from embodied_bus.errors import BusConfigError
 from embodied_bus.security import Signer, Verifier, WatchedAllowList, load_private_key
 
@@ -193,12 +194,12 @@ def load_handlers(spec: str) -> dict[str, Any]:
 async def run_queue(args: argparse.Namespace) -> int:
     stop = asyncio.Event()
     install_stop_signals(stop)
+    if not parse_bus_url(args.bus).needs_queue_service:
+        raise BusConfigError(
+            f"no queue service is needed on {args.bus}: planners and executors use its topics "
+            "directly; run `embodied-bus queue` on Zenoh"
+        )
     async with open_bus(args.bus, namespace=args.ns) as bus:
-        if bus.engine.name == "pulsar":
-            raise BusConfigError(
-                "no queue service is needed on Pulsar: planners and executors use its topics "
-                "directly (see embodied_bus.actions.pulsar_queue); run `embodied-bus queue` on Zenoh"
-            )
         ready = asyncio.Event()
         sealer, trust = credentials(args)
         service = QueueService(

@@ -41,6 +41,7 @@ from embodied_bus.fusion.worker import FusionWorker, frames_stream
 from embodied_bus.model.qos import SubscriptionOptions
 from embodied_bus.replay.player import ReplayOptions, replay
 from embodied_bus.replay.recorder import record
+from embodied_bus.ros.launching import share_dirs
 from embodied_bus.sim.synthetic import DEFAULT_SENSORS, run_sensor
 from embodied_bus.testing.ports import free_port
 from embodied_bus.viz.timeline import plot_timeline
@@ -60,14 +61,14 @@ LIVE_COLUMNS = [
 
 
 def demo_files() -> tuple[Path, Path]:
-    """The shipped recording and the demo config (source tree or installed share/)."""
-    here = Path(__file__).resolve().parents[2]
-    candidates = [here, Path(sys.prefix) / "share" / "embodied_bus"]
-    for base in candidates:
+    """The shipped recording and the demo config: through the ament index, in this Python's
+    ``share/``, or in the source tree."""
+    for base in share_dirs():
         bag, cfg = base / "data" / "tilt_laser" / "tilt_laser.bag", base / "config" / "demo.yaml"
         if bag.exists() and cfg.exists():
             return bag, cfg
-    raise SystemExit("demo data not found (data/tilt_laser/tilt_laser.bag, config/demo.yaml)")
+    where = ", ".join(map(str, share_dirs()))
+    raise SystemExit(f"demo data (data/tilt_laser/tilt_laser.bag, config/demo.yaml) not found in {where}")
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]

@@ -17,6 +17,7 @@ from embodied_bus.cli.main import main as cli_main
 from embodied_bus.engines.urls import DEFAULT_URL
 from embodied_bus.errors import EmbodiedBusError
 from embodied_bus.ros.config import load_robot_config
+from embodied_bus.ros.launching import require_shared_bus
 
 __all__ = ["fusion_worker", "queue_service", "resolve_bus", "strip_ros_args"]
 
@@ -37,7 +38,11 @@ def strip_ros_args(argv: list[str]) -> list[str]:
 
 def resolve_bus(prog: str, argv: list[str], *, config_required: bool) -> tuple[argparse.Namespace, list[str]]:
     """Parse ``--config/--bus/--ns`` and return them with the bus options for the CLI, where an
-    empty value falls back to the config, then to ``$EMBODIED_BUS_URL`` / the embedded default."""
+    empty value falls back to the config, then to ``$EMBODIED_BUS_URL`` / the embedded default.
+
+    Raises:
+        BusConfigError: The bus is an isolated embedded peer: these processes work with others.
+    """
     p = argparse.ArgumentParser(prog=prog)
     p.add_argument("--config", required=config_required, default="")
     p.add_argument("--bus", default="")
@@ -45,6 +50,7 @@ def resolve_bus(prog: str, argv: list[str], *, config_required: bool) -> tuple[a
     args, rest = p.parse_known_args(strip_ros_args(argv))
     cfg = load_robot_config(args.config) if args.config else None
     bus = args.bus or (cfg.bus if cfg else None) or os.environ.get("EMBODIED_BUS_URL", DEFAULT_URL)
+    require_shared_bus(bus, who=prog)
     ns = args.ns or (cfg.namespace if cfg else None)
     opts = ["--bus", bus] + (["--ns", ns] if ns else [])
     return args, opts + rest

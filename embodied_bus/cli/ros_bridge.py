@@ -7,16 +7,18 @@ import asyncio
 import dataclasses
 import json
 import os
+from typing import Any
 
 from embodied_bus.actions.client import Planner
 from embodied_bus.bus import open_bus
 from embodied_bus.cli.common import install_stop_signals, serve_until
-from embodied_bus.engines.urls import DEFAULT_URL
+from embodied_bus.engines.urls import DEFAULT_URL, parse_bus_url, with_connect
 from embodied_bus.fusion.worker import FusionWorker
-from embodied_bus.ros.config import load_robot_config
-from embodied_bus.ros.rmw_bridge import RmwZenohBridge
+from embodied_bus.ros.config import RosLink, load_robot_config
+from embodied_bus.ros.launching import router_connect_endpoint
+from embodied_bus.ros.rmw_bridge import RmwZenohBridge, open_rmw_session
 
-__all__ = ["add_parser"]
+__all__ = ["add_parser", "bus_beside_ros"]
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
@@ -58,44 +60,75 @@ async def run(args: argparse.Namespace) -> int:
     if args.connect:
         link = dataclasses.replace(link, connect=tuple(args.connect), host_router=None)
     cfg = dataclasses.replace(cfg, ros=link)
-    url = args.bus or cfg.bus or os.environ.get("EMBODIED_BUS_URL", DEFAULT_URL)
+    url = bus_beside_ros(args.bus or cfg.bus or os.environ.get("EMBODIED_BUS_URL", DEFAULT_URL), link)
     stop = asyncio.Event()
     install_stop_signals(stop)
-    async with open_bus(url, namespace=args.ns or cfg.namespace) as bus:
-        tasks: list[asyncio.Task[None]] = []
-        worker = None
+    # the ROS side first: a hosted router must be up before a bus that connects to it
+    session = await open_rmw_session(link)
+    try:
+        bus_cm = open_bus(url, namespace=args.ns or cfg.namespace)
+        bus = await bus_cm.__aenter__()
+    except BaseException:
+        await asyncio.to_thread(session.close)
+        raise
+    try:
+        bridge = RmwZenohBridge(bus, cfg, planner=Planner(bus) if args.actions else None, session=session)
+        summary = await _serve(args, bridge, url, stop)
+    finally:
+        await bus_cm.__aexit__(None, None, None)
+    print(json.dumps(summary, indent=2 if args.json else None))
+    return 0
+
+
+def bus_beside_ros(url: str, link: RosLink) -> str:
+    """The bus URL, joined to the robot's Zenoh router when it names an isolated peer: a bus
+    nobody else can reach would bridge ROS into nowhere."""
+    if parse_bus_url(url).reaches_other_processes:
+        return url
+    router = router_connect_endpoint(link.host_router) if link.host_router else None
+    return with_connect(url, [router] if router else list(link.connect))
+
+
+async def _serve(
+    args: argparse.Namespace, bridge: RmwZenohBridge, url: str, stop: asyncio.Event
+) -> dict[str, Any]:
+    """Run the bridge (and a fusion worker with ``--fuse``) until stopped; the final counters."""
+    cfg, link = bridge.config, bridge.config.ros
+    tasks: list[asyncio.Task[None]] = []
+    worker = None
+    try:
         if args.fuse and cfg.fusion is not None:
-            worker = FusionWorker(bus, cfg.fusion)
+            worker = FusionWorker(bridge.bus, cfg.fusion)
             tasks.append(asyncio.create_task(worker.run(stop)))
             await worker.ready.wait()
-        planner = Planner(bus) if args.actions else None
-        async with RmwZenohBridge(bus, cfg, planner=planner) as bridge:
-            where = (
-                f"hosting the router on {link.host_router}"
-                if link.host_router
-                else (f"via {', '.join(link.connect)}")
+        await bridge.start()
+        where = (
+            f"hosting the router on {link.host_router}"
+            if link.host_router
+            else f"via {', '.join(link.connect)}"
+        )
+        if not args.json:
+            print(
+                f"ros-bridge: node /{link.node_name} on ROS domain {link.domain_id} ({link.distro}) "
+                f"{where}; bus {url}",
+                flush=True,
             )
+
+        def status() -> None:
             if not args.json:
+                c = bridge.counters
                 print(
-                    f"ros-bridge: node /{link.node_name} on ROS domain {link.domain_id} ({link.distro}) "
-                    f"{where}; bus {url}",
+                    f"from ROS {sum(c.from_ros.values())}  to ROS {sum(c.to_ros.values())}  "
+                    f"frames {c.frames}  rejected {dict(c.rejected)}",
                     flush=True,
                 )
 
-            def status() -> None:
-                if not args.json:
-                    c = bridge.counters
-                    print(
-                        f"from ROS {sum(c.from_ros.values())}  to ROS {sum(c.to_ros.values())}  "
-                        f"frames {c.frames}  rejected {dict(c.rejected)}",
-                        flush=True,
-                    )
-
-            await serve_until(stop, tasks, duration_s=args.duration, every_s=2.0, on_tick=status)
-            stop.set()
-            summary = bridge.counters.as_dict()
+        await serve_until(stop, tasks, duration_s=args.duration, every_s=2.0, on_tick=status)
+    finally:
+        stop.set()
+        await bridge.close()
         await asyncio.gather(*tasks, return_exceptions=True)
-        if worker is not None:
-            summary["fusion"] = worker.summary()
-    print(json.dumps(summary, indent=2 if args.json else None))
-    return 0
+    summary = bridge.counters.as_dict()
+    if worker is not None:
+        summary["fusion"] = worker.summary()
+    return summary

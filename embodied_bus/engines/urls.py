@@ -40,6 +40,7 @@ __all__ = [
     "ZenohSettings",
     "parse_bus_url",
     "validate_namespace",
+    "with_connect",
 ]
 
 #: The URL used when none is given: an embedded Zenoh peer.
@@ -119,6 +120,19 @@ class ZenohSettings:
             raise BusConfigError(f"zenoh shm_pool_bytes must be a byte count >= 0, not {pool!r}")
         validate_namespace(self.namespace)
 
+    @property
+    def reaches_other_processes(self) -> bool:
+        """False for an isolated embedded peer: no endpoint, no listener, no multicast scouting
+        and no config file, so no other process can ever meet it."""
+        return bool(
+            self.mode != "peer" or self.listen or self.connect or self.multicast_scouting or self.config_file
+        )
+
+    @property
+    def needs_queue_service(self) -> bool:
+        """Actions on Zenoh go through a durable queue service process (``embodied-bus queue``)."""
+        return True
+
 
 @dataclass(frozen=True, slots=True)
 class PulsarSettings:
@@ -150,6 +164,16 @@ class PulsarSettings:
         for key, value in (("tenant", self.tenant), ("pulsar_namespace", self.pulsar_namespace)):
             if not _NS_RE.match(value):
                 raise BusConfigError(f"invalid Pulsar {key} {value!r}")
+
+    @property
+    def reaches_other_processes(self) -> bool:
+        """Always: every client of the cluster meets the others there."""
+        return True
+
+    @property
+    def needs_queue_service(self) -> bool:
+        """No: planners and executors use the cluster's topics directly."""
+        return False
 
 
 _TRUE = {"1", "true", "yes", "on"}
@@ -332,3 +356,11 @@ def parse_bus_url(
             f"unknown bus URL scheme {parsed.parts.scheme!r} in {url!r}; use zenoh:, pulsar:// or pulsar+ssl://"
         )
     return build(parsed)
+
+
+def with_connect(url: str, endpoints: tuple[str, ...] | list[str]) -> str:
+    """``url`` with ``connect=`` endpoints added (e.g. the robot's router for an isolated peer)."""
+    if not endpoints:
+        return url
+    sep = "&" if urlsplit(url).query else ("" if url.endswith("?") else "?")
+    return f"{url}{sep}connect={','.join(endpoints)}"

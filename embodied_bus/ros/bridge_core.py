@@ -11,13 +11,14 @@ import enum
 import json
 import struct
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from functools import lru_cache
-from typing import Any
+from typing import Any, TypeVar
 
 from embodied_bus.actions.model import Action, ActionError
 from embodied_bus.fusion.frame import MultiModalFrame
-from embodied_bus.ros.config import FrameRoute
+from embodied_bus.ros.config import ActionRoute, FrameRoute
 from embodied_bus.rosmsg.rmw_zenoh import typestore_for
 
 __all__ = [
@@ -31,6 +32,7 @@ __all__ = [
     "header_of",
     "outcome_json",
     "parse_submission",
+    "resolve_routes",
     "string_cdr",
     "string_from_cdr",
 ]
@@ -243,3 +245,28 @@ def goal_outcome(status: int) -> GoalOutcome:
     if status == 5:
         return GoalOutcome.CANCELED
     return GoalOutcome.RETRY
+
+
+_H = TypeVar("_H")
+
+
+def resolve_routes(
+    routes: tuple[ActionRoute, ...] | list[ActionRoute], make: Callable[[ActionRoute], _H]
+) -> tuple[list[tuple[ActionRoute, _H]], list[str]]:
+    """Build a handler per action route; a route whose action type cannot be loaded (package not
+    installed, misspelt type) is left out and reported by kind and type, the others serve.
+
+    Returns:
+        The routes with their handlers, and one message per route left out.
+    """
+    ok: list[tuple[ActionRoute, _H]] = []
+    problems: list[str] = []
+    for route in routes:
+        try:
+            ok.append((route, make(route)))
+        except (ImportError, AttributeError, ValueError, LookupError) as err:
+            problems.append(
+                f"action route '{route.kind}' left out: {route.action_type} cannot be loaded "
+                f"({type(err).__name__}: {err}); install its package or fix the type"
+            )
+    return ok, problems

@@ -66,7 +66,7 @@ from embodied_bus.rosmsg.rmw_zenoh import (
 from embodied_bus.rosmsg.types import modality_of
 from embodied_bus.streams.publisher import Publisher
 
-__all__ = ["BridgeCounters", "RmwZenohBridge", "rmw_session_config"]
+__all__ = ["BridgeCounters", "RmwZenohBridge", "open_rmw_session", "rmw_session_config"]
 
 _log = logging.getLogger("embodied_bus.ros")
 _DIAG_TYPE = "diagnostic_msgs/msg/DiagnosticArray"
@@ -86,6 +86,19 @@ def rmw_session_config(link: RosLink) -> zenoh.Config:
         conf.insert_json5("connect/endpoints", json.dumps(list(link.connect)))
         conf.insert_json5("listen/endpoints", json.dumps(["tcp/localhost:0"]))
     return conf
+
+
+async def open_rmw_session(link: RosLink) -> Any:
+    """Open the ROS-side Zenoh session (the router itself with ``host_router``).
+
+    Raises:
+        BusConnectionError: It could not be opened (e.g. the router endpoint is taken).
+    """
+    try:
+        return await asyncio.to_thread(zenoh.open, rmw_session_config(link))
+    except zenoh.ZError as err:
+        where = link.host_router or ", ".join(link.connect)
+        raise BusConnectionError(f"cannot open the rmw_zenoh session ({where}): {err}") from err
 
 
 @dataclass
@@ -149,16 +162,20 @@ class RmwZenohBridge:
         bus: The bus to publish into and subscribe from.
         config: Topic routes, frame routes and how to join the ROS graph.
         planner: Accept action submissions from ROS (None: no action topics).
+        session: A session from :func:`open_rmw_session` to use (and close); None: open one.
+            Hosting the router before opening a bus that connects to it needs this order.
 
     Use ``async with RmwZenohBridge(...)`` or :meth:`start` / :meth:`close`.
     """
 
-    def __init__(self, bus: Bus, config: RobotConfig, *, planner: Planner | None = None) -> None:
+    def __init__(
+        self, bus: Bus, config: RobotConfig, *, planner: Planner | None = None, session: Any = None
+    ) -> None:
         self.bus = bus
         self.config = config
         self.planner = planner
         self.counters = BridgeCounters()
-        self.session: Any = None
+        self.session: Any = session
         self.zid = ""
         self.node_id = 0
         self.tokens: list[str] = []
@@ -224,11 +241,8 @@ class RmwZenohBridge:
         link = self.config.ros
         for route in (*self.config.inbound, *self.config.outbound):
             type_hash(route.ros_type, link.distro)  # fail early, naming the type
-        try:
-            self.session = await asyncio.to_thread(zenoh.open, rmw_session_config(link))
-        except zenoh.ZError as err:
-            where = link.host_router or ", ".join(link.connect)
-            raise BusConnectionError(f"cannot open the rmw_zenoh session ({where}): {err}") from err
+        if self.session is None:
+            self.session = await open_rmw_session(link)
         self.zid = str(self.session.zid())
         tok = node_token(link.domain_id, self.zid, self.node_id, link.namespace, link.node_name)
         self._decls.append(self.session.liveliness().declare_token(tok))
@@ -241,12 +255,29 @@ class RmwZenohBridge:
                 options=PublisherOptions(backpressure=Backpressure.DROP_OLDEST),
             )
             self._subscribe_ros(route, pub)
+        self._declare_known_publishers()
         for route in self.config.outbound:
             self._tasks.append(asyncio.create_task(self._forward_stream(route)))
         for frame_route in self.config.frames:
             self._tasks.append(asyncio.create_task(self._forward_frames(frame_route)))
         if self.planner is not None:
             self._subscribe_submissions()
+
+    def _declare_known_publishers(self) -> None:
+        """Every ROS publisher known from the config, declared now: the graph (``ros2 topic
+        list``, ``count_publishers``) shows them before the first message flows. Members of
+        fused frames are the fusion spec's streams that come from ROS."""
+        fusion = self.config.fusion
+        fused = {s.name for s in fusion.streams} if fusion is not None else None
+        for route in self.config.outbound:
+            self._ros_publisher(route.topic, route.ros_type, route.qos)
+        for frame_route in self.config.frames:
+            for inbound in self.config.inbound:
+                if fused is None or inbound.stream in fused:
+                    self._ros_publisher(f"{frame_route.namespace}/{inbound.stream}", inbound.ros_type)
+            self._ros_publisher(frame_route.diagnostics, _DIAG_TYPE)
+        if self.planner is not None:
+            self._ros_publisher(self.config.results_topic, _STRING_TYPE)
 
     def _subscribe_ros(self, route: TopicRoute, pub: Publisher) -> None:
         link = self.config.ros

@@ -34,6 +34,7 @@ from embodied_bus.ros.bridge_core import (
     goal_outcome,
     outcome_json,
     parse_submission,
+    resolve_routes,
     string_cdr,
     string_from_cdr,
 )
@@ -150,10 +151,13 @@ async def serve(node: Any, params: NodeParams, stop: asyncio.Event) -> None:
     cfg = params.config
     async with open_bus(params.bus, namespace=params.bus_namespace) as bus:
         jobs = [asyncio.create_task(_submissions(node, bus, params, stop))]
-        if cfg.actions:
-            executor = Executor(bus, f"ros-{node.get_name()}", concurrency=max(1, len(cfg.actions)))
-            for route in cfg.actions:
-                executor.handler(route.kind)(_route_handler(node, route))
+        routes, problems = resolve_routes(cfg.actions, lambda route: _route_handler(node, route))
+        for problem in problems:
+            node.get_logger().error(problem)
+        if routes:
+            executor = Executor(bus, f"ros-{node.get_name()}", concurrency=len(routes))
+            for route, handler in routes:
+                executor.handler(route.kind)(handler)
                 node.get_logger().info(
                     f"queue actions '{route.kind}' -> {route.action} ({route.action_type})"
                 )

@@ -14,6 +14,7 @@ from embodied_bus.engines.urls import DEFAULT_URL
 from embodied_bus.errors import EmbodiedBusError
 from embodied_bus.loop import install_stop_signals
 from embodied_bus.ros.config import RobotConfig, load_robot_config
+from embodied_bus.ros.launching import require_shared_bus
 from embodied_bus.rosmsg.rmw_zenoh import Durability, History, QosProfile, Reliability
 
 __all__ = ["NodeParams", "declare_params", "rclpy_qos", "require_rclpy", "run_node", "to_asyncio"]
@@ -59,6 +60,7 @@ def declare_params(node: Any) -> NodeParams:
         raise EmbodiedBusError("parameter 'config' is required (path to a robot YAML)")
     cfg = load_robot_config(path)
     url = bus or cfg.bus or os.environ.get("EMBODIED_BUS_URL", DEFAULT_URL)
+    require_shared_bus(url, who=node.get_name())
     return NodeParams(cfg, path, url, ns or cfg.namespace)
 
 

@@ -1,0 +1,179 @@
+"""A ROS 2 peer written with ros-z (an independent ROS 2 implementation over Zenoh), run as its
+own process by the interoperability tests: it imports nothing of embodied_bus.
+
+    python ros_z_peer.py sensors --connect EP --duration-s 4          publish lidar, camera, GPS, IMU
+    python ros_z_peer.py listen --connect EP --topic T --type T --count N --timeout-s S
+    python ros_z_peer.py graph --connect EP --topic T --timeout-s S  wait until T has a publisher
+
+Each prints one JSON line with what it saw.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import threading
+import time
+from typing import Any
+
+import ros_z_py as rz
+from ros_z_py import builtin_interfaces, geometry_msgs, sensor_msgs, std_msgs
+
+FLOAT32 = 7
+
+
+def _node(connect: str, name: str, domain_id: int = 0) -> Any:
+    ctx = (
+        rz.ZContextBuilder()
+        .with_domain_id(domain_id)
+        .with_mode("peer")
+        .disable_multicast_scouting()
+        .with_connect_endpoints([connect])
+        .build()
+    )
+    return ctx, ctx.create_node(name).build()
+
+
+def _header(stamp_ns: int, frame_id: str) -> Any:
+    return std_msgs.Header(
+        stamp=builtin_interfaces.Time(sec=stamp_ns // 1_000_000_000, nanosec=stamp_ns % 1_000_000_000),
+        frame_id=frame_id,
+    )
+
+
+def _cloud(stamp_ns: int, points: int) -> Any:
+    fields = [
+        sensor_msgs.PointField(name=n, offset=4 * i, datatype=FLOAT32, count=1) for i, n in enumerate("xyz")
+    ]
+    return sensor_msgs.PointCloud2(
+        header=_header(stamp_ns, "lidar"),
+        height=1,
+        width=points,
+        fields=fields,
+        is_bigendian=False,
+        point_step=12,
+        row_step=12 * points,
+        data=bytes(12 * points),
+        is_dense=True,
+    )
+
+
+def _image(stamp_ns: int) -> Any:
+    return sensor_msgs.CompressedImage(
+        header=_header(stamp_ns, "camera"), format="jpeg", data=b"\xff\xd8" + bytes(2000)
+    )
+
+
+def _fix(stamp_ns: int) -> Any:
+    return sensor_msgs.NavSatFix(
+        header=_header(stamp_ns, "gps"),
+        status=sensor_msgs.NavSatStatus(status=0, service=1),
+        latitude=48.1,
+        longitude=11.5,
+        altitude=520.0,
+        position_covariance=[0.0] * 9,
+    )
+
+
+def _imu(stamp_ns: int) -> Any:
+    return sensor_msgs.Imu(
+        header=_header(stamp_ns, "imu"),
+        orientation=geometry_msgs.Quaternion(x=0.0, y=0.0, z=0.0, w=1.0),
+        orientation_covariance=[0.0] * 9,
+        angular_velocity=geometry_msgs.Vector3(x=0.0, y=0.0, z=0.1),
+        angular_velocity_covariance=[0.0] * 9,
+        linear_acceleration=geometry_msgs.Vector3(x=0.0, y=0.0, z=9.81),
+        linear_acceleration_covariance=[0.0] * 9,
+    )
+
+
+#: Topic, type, rate in Hz and message maker of each simulated driver (as config/robot.yaml).
+SENSORS = (
+    ("/lidar/points", sensor_msgs.PointCloud2, 10.0, lambda t: _cloud(t, 1000)),
+    ("/camera/image_raw/compressed", sensor_msgs.CompressedImage, 30.0, _image),
+    ("/gps/fix", sensor_msgs.NavSatFix, 5.0, _fix),
+    ("/imu/data", sensor_msgs.Imu, 100.0, _imu),
+)
+
+
+def sensors(args: argparse.Namespace) -> dict[str, Any]:
+    """Publish every sensor at its rate, stamped with the wall clock, for ``duration_s``."""
+    ctx, node = _node(args.connect, "ros_z_sensors", args.domain_id)
+    counts: dict[str, int] = {}
+    pubs = [(topic, node.create_publisher(topic, cls), rate, make) for topic, cls, rate, make in SENSORS]
+    time.sleep(args.settle_s)  # discovery: the bridge's subscriptions match ours
+    t0 = time.monotonic()
+    due = {topic: t0 for topic, _, _, _ in pubs}
+    while time.monotonic() - t0 < args.duration_s:
+        now = time.monotonic()
+        for topic, pub, rate, make in pubs:
+            if now >= due[topic]:
+                pub.publish(make(time.time_ns()))
+                counts[topic] = counts.get(topic, 0) + 1
+                due[topic] += 1.0 / rate
+        time.sleep(max(0.0, min(due.values()) - time.monotonic()))
+    ctx.shutdown()
+    return {"published": counts}
+
+
+def listen(args: argparse.Namespace) -> dict[str, Any]:
+    """Receive up to ``count`` messages of one topic within ``timeout_s``; their stamps."""
+    ctx, node = _node(args.connect, "ros_z_listener", args.domain_id)
+    module, _, name = args.type.partition("/msg/")
+    cls = getattr(getattr(rz, module), name)
+    sub = node.create_subscriber(args.topic, cls)
+    print(json.dumps({"ready": True}), flush=True)
+    stamps: list[int] = []
+    deadline = time.monotonic() + args.timeout_s
+    while len(stamps) < args.count and time.monotonic() < deadline:
+        msg = sub.recv(timeout=max(0.01, deadline - time.monotonic()))
+        if msg is None:
+            continue
+        header = getattr(msg, "header", None)
+        stamp = header.stamp if header is not None else None
+        stamps.append(stamp.sec * 1_000_000_000 + stamp.nanosec if stamp is not None else 0)
+    ctx.shutdown()
+    return {"received": len(stamps), "stamps_ns": stamps}
+
+
+def graph(args: argparse.Namespace) -> dict[str, Any]:
+    """Wait until ``topic`` has a publisher in the ROS graph; what the graph showed then."""
+    ctx, node = _node(args.connect, "ros_z_graph", args.domain_id)
+    deadline = time.monotonic() + args.timeout_s
+    t0 = time.monotonic()
+    while time.monotonic() < deadline and node.count_publishers(args.topic) == 0:
+        time.sleep(0.05)
+    out = {
+        "publishers": node.count_publishers(args.topic),
+        "seen_after_s": round(time.monotonic() - t0, 3),
+        "topics": sorted(f"{t} {ty}" for t, ty in node.get_topic_names_and_types()),
+        "nodes": sorted(f"{ns.rstrip('/')}/{n}" for n, ns in node.get_node_names()),
+    }
+    ctx.shutdown()
+    return out
+
+
+def main() -> int:
+    p = argparse.ArgumentParser()
+    sub = p.add_subparsers(dest="cmd", required=True)
+    for name in ("sensors", "listen", "graph"):
+        s = sub.add_parser(name)
+        s.add_argument("--connect", required=True)
+        s.add_argument("--domain-id", type=int, default=0)
+        s.add_argument("--timeout-s", type=float, default=10.0)
+    sub.choices["sensors"].add_argument("--duration-s", type=float, default=4.0)
+    sub.choices["sensors"].add_argument("--settle-s", type=float, default=1.0)
+    sub.choices["listen"].add_argument("--topic", required=True)
+    sub.choices["listen"].add_argument("--type", required=True)
+    sub.choices["listen"].add_argument("--count", type=int, default=1)
+    sub.choices["graph"].add_argument("--topic", required=True)
+    args = p.parse_args()
+    run = {"sensors": sensors, "listen": listen, "graph": graph}[args.cmd]
+    print(json.dumps(run(args)), flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    threading.excepthook = lambda a: print(a, file=sys.stderr)
+    raise SystemExit(main())
