@@ -184,7 +184,9 @@ async def through_zenoh_worker(n_seconds: float) -> dict[str, Any]:
         task = asyncio.create_task(worker.run(stop))
         await worker.ready.wait()
         pubs = {
-            n: await a.publisher(n, options=PublisherOptions(backpressure=Backpressure.BLOCK))
+            n: await a.publisher(
+                n, clock=spec.clock, options=PublisherOptions(backpressure=Backpressure.BLOCK)
+            )
             for n in ("lidar/top", "camera/front", "gps", "imu")
         }
         for p in pubs.values():

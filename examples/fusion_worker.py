@@ -32,7 +32,9 @@ async def main() -> None:
         sensors = [s for s in DEFAULT_SENSORS if s.stream in ("lidar/top", "camera/front", "imu")]
         publish = asyncio.Event()
         pubs = [
-            await bus.publisher(s.stream, modality=s.modality, encoding=s.encoding, frame_id=s.frame_id)
+            await bus.publisher(
+                s.stream, modality=s.modality, encoding=s.encoding, frame_id=s.frame_id, clock=SPEC.clock
+            )
             for s in sensors
         ]
         runs = [asyncio.create_task(run_sensor(p, s, publish)) for p, s in zip(pubs, sensors, strict=True)]

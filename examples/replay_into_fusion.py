@@ -21,7 +21,9 @@ async def main() -> None:
         stop = asyncio.Event()
         task = asyncio.create_task(worker.run(stop))
         await worker.ready.wait()
-        options = ReplayOptions(rate=4.0, topics=tuple(TOPICS), mapping=TOPICS, duration_s=8.0)
+        options = ReplayOptions(
+            rate=4.0, topics=tuple(TOPICS), mapping=TOPICS, duration_s=8.0, clock=spec.clock
+        )
         summary = await replay(bus, [BAG], options)
         print("replayed:", summary.as_dict()["messages"])
         stop.set()

@@ -82,6 +82,8 @@ def test_echo_prints_header_fields_of_samples_from_pub() -> None:
             "40",
             "--wait-subscriber",
             "20",
+            "--spec",
+            "config/fusion.yaml",
         )
         assert pub.returncode == 0, pub.stderr
         out, err = echo.communicate(timeout=60)
@@ -183,6 +185,8 @@ def test_fuse_writes_one_json_line_per_frame(tmp_path) -> None:  # type: ignore[
                 "64",
                 "--wait-subscriber",
                 "20",
+                "--spec",
+                "config/fusion.yaml",
             )
             for stream, rate, count in (("camera/front", 30, 30), ("lidar/top", 10, 10))
         ]
@@ -277,6 +281,8 @@ def test_top_shows_streams_and_fusion_and_fuse_serves_prometheus_metrics() -> No
             "40",
             "--wait-subscriber",
             "20",
+            "--spec",
+            "config/fusion.yaml",
         )
         assert pub.returncode == 0, pub.stderr
         metrics = urllib.request.urlopen(f"http://127.0.0.1:{mport}/metrics", timeout=10).read().decode()
@@ -457,6 +463,7 @@ async def test_one_huge_sample_costs_a_fusion_worker_a_bounded_multiple_of_its_s
     import asyncio
 
     from embodied_bus import Backpressure, PublisherOptions, open_bus
+    from embodied_bus.fusion import load_spec
 
     port = free_port()
     proc = subprocess.Popen(
@@ -466,7 +473,11 @@ async def test_one_huge_sample_costs_a_fusion_worker_a_bounded_multiple_of_its_s
     )  # fmt: skip
     try:
         async with open_bus(f"zenoh://127.0.0.1:{port}", namespace="huge", wait_s=30) as bus:
-            pub = await bus.publisher("lidar/top", options=PublisherOptions(backpressure=Backpressure.BLOCK))
+            pub = await bus.publisher(
+                "lidar/top",
+                clock=load_spec(ROOT / "config" / "fusion.yaml").clock,
+                options=PublisherOptions(backpressure=Backpressure.BLOCK),
+            )
             assert await pub.wait_for_subscribers(30)
             await asyncio.sleep(0.5)
             before = _peak_rss_mb(proc.pid)

@@ -39,7 +39,7 @@ async def test_a_fusion_worker_publishes_one_frame_per_sweep(bus_pair: BusPair) 
     pubs = {}
     for name in ("lidar/top", "camera/front", "gps", "imu"):
         pubs[name] = await bus_pair.publisher_bus.publisher(
-            name, options=PublisherOptions(backpressure=Backpressure.BLOCK)
+            name, clock=SPEC.clock, options=PublisherOptions(backpressure=Backpressure.BLOCK)
         )
         assert await pubs[name].wait_for_subscribers(10)
     t_wall = time.monotonic()
@@ -184,7 +184,7 @@ async def test_samples_stamped_at_the_int64_bounds_are_handled_and_fusion_keeps_
     )
     task = asyncio.create_task(worker.run(stop))
     await asyncio.wait_for(worker.ready.wait(), 30)
-    pub = await bus_pair.publisher_bus.publisher("lidar/top", options=BLOCK_PUB)
+    pub = await bus_pair.publisher_bus.publisher("lidar/top", clock=SPEC.clock, options=BLOCK_PUB)
     assert await pub.wait_for_subscribers(10)
     await pub.publish(b"extreme", stamp_ns=stamp_ns)
     frame = decode_frame((await frames_sub.recv(timeout_s=20)).payload)  # flushed when idle
@@ -194,5 +194,36 @@ async def test_samples_stamped_at_the_int64_bounds_are_handled_and_fusion_keeps_
     # the next sample still counts: a frame of its own, or a late sample after a far-future stamp
     await wait_until(lambda: worker.metrics.frames + worker.metrics.late >= 2, 20, "the next sample handled")
     assert not task.done()
+    stop.set()
+    await asyncio.wait_for(task, 30)
+
+
+async def test_samples_bucketed_with_another_clock_are_refused_by_name_and_the_rest_fused(
+    bus_pair: BusPair, caplog: pytest.LogCaptureFixture
+) -> None:
+    worker = FusionWorker(bus_pair.subscriber_bus, RELAXED, idle_flush_s=0.2)
+    stop = asyncio.Event()
+    frames_sub = await bus_pair.publisher_bus.subscribe(
+        frames_stream(SPEC), options=SubscriptionOptions(capacity=1000, backpressure=Backpressure.BLOCK)
+    )
+    task = asyncio.create_task(worker.run(stop))
+    await asyncio.wait_for(worker.ready.wait(), 30)
+    stranger = await bus_pair.publisher_bus.publisher("imu", options=BLOCK_PUB)  # default 100 ms, offset 0
+    lidar = await bus_pair.publisher_bus.publisher("lidar/top", clock=SPEC.clock, options=BLOCK_PUB)
+    assert await stranger.wait_for_subscribers(10) and await lidar.wait_for_subscribers(10)
+    now = time.time_ns()
+    for i in range(3):
+        await stranger.publish(b"imu", stamp_ns=now + i * 5_000_000)
+    await stranger.flush()
+    await wait_until(lambda: worker.foreign_clock["imu"] == 3, 20, "three refused IMU samples")
+    await lidar.publish(b"sweep", stamp_ns=now)
+    frame = decode_frame((await frames_sub.recv(timeout_s=20)).payload)
+    assert frame.member("lidar/top") is not None and frame.member("imu") is None
+    assert worker.summary()["foreign_clock"] == {"imu": 3}
+    warnings = [r.getMessage() for r in caplog.records if "refusing" in r.getMessage()]
+    assert warnings == [
+        "refusing imu samples: bucketed 100 ms offset 0 ms, but fusion spec 'fused' uses 100 ms offset "
+        "50 ms; publish with the spec's clock (robot YAML clock: or fusion:, replay --spec or --config)"
+    ]
     stop.set()
     await asyncio.wait_for(task, 30)

@@ -323,3 +323,34 @@ async def test_a_ros_bridge_hosting_the_router_shares_its_bus_with_other_process
         assert len(got) == published >= 14 and got == sorted(got)
     finally:
         running.stop()
+
+
+def test_every_publisher_of_the_robot_takes_one_bucket_clock_from_its_config(tmp_path: Path) -> None:
+    from embodied_bus.cli.common import bucket_clock
+    from embodied_bus.model.clock import BucketClock
+    from embodied_bus.ros.config import RobotConfigError, robot_config_from_dict
+
+    robot = load_robot_config(ROBOT)
+    assert robot.clock == robot.fusion.clock == BucketClock(100_000_000, 50_000_000)  # type: ignore[union-attr]
+    assert bucket_clock(None, config=ROBOT) == robot.clock  # replay --config
+    assert bucket_clock(str(ROOT / "config" / "demo.yaml")) == BucketClock(100_000_000, 72_000_000)  # --spec
+    assert bucket_clock(None) == BucketClock()
+    explicit = robot_config_from_dict({"clock": {"bucket_width_ms": 50, "bucket_offset_ms": 20}})
+    assert explicit.clock == BucketClock(50_000_000, 20_000_000)
+    mapping_only = tmp_path / "map.yaml"
+    mapping_only.write_text("streams:\n  /scan: scan\n")
+    assert bucket_clock(None, config=str(mapping_only)) == BucketClock()
+    doc = {
+        "clock": {"bucket_width_ms": 100},
+        "fusion": {
+            "bucket_offset_ms": 50,
+            "streams": {"a": {"role": "reference", "expected_period_ms": 100}},
+        },
+    }
+    with pytest.raises(
+        RobotConfigError,
+        match=r"robot.clock: 100 ms offset 0 ms differs from the fusion spec's 100 ms offset 50 ms",
+    ):
+        robot_config_from_dict(doc)
+    with pytest.raises(RobotConfigError, match=r"robot.clock: bucket offset_ns must satisfy"):
+        robot_config_from_dict({"clock": {"bucket_width_ms": 50, "bucket_offset_ms": 60}})

@@ -199,7 +199,7 @@ async def test_fused_frames_and_status(bus_pair: BusPair, view: LiveView) -> Non
     sensors = [SENSORS[n] for n in ("lidar/top", "imu", "gps")]
     pubs = [
         await bus_pair.publisher_bus.publisher(
-            s.stream, modality=s.modality, encoding=s.encoding, frame_id=s.frame_id
+            s.stream, modality=s.modality, encoding=s.encoding, frame_id=s.frame_id, clock=spec.clock
         )
         for s in sensors
     ]

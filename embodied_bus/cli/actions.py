@@ -196,8 +196,8 @@ async def run_queue(args: argparse.Namespace) -> int:
     install_stop_signals(stop)
     if not parse_bus_url(args.bus).needs_queue_service:
         raise BusConfigError(
-            f"no queue service is needed on {args.bus}: planners and executors use its topics "
-            "directly; run `embodied-bus queue` on Zenoh"
+            f"no queue service is needed on Pulsar ({args.bus}): planners and executors use its "
+            "topics directly; run `embodied-bus queue` on Zenoh"
         )
     async with open_bus(args.bus, namespace=args.ns) as bus:
         ready = asyncio.Event()

@@ -7,11 +7,17 @@ import asyncio
 import logging
 import os
 from collections.abc import Callable, Iterable
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+import yaml
+
 from embodied_bus.engines.urls import DEFAULT_URL
-from embodied_bus.errors import EmbodiedBusError
+from embodied_bus.errors import BusConfigError, EmbodiedBusError
+from embodied_bus.fusion.spec import load_spec
 from embodied_bus.loop import install_stop_signals
+from embodied_bus.model.clock import BucketClock
+from embodied_bus.ros.config import robot_config_from_dict
 from embodied_bus.security import Sealer, Trust, WatchedAllowList, load_private_key
 
 if TYPE_CHECKING:
@@ -20,8 +26,10 @@ if TYPE_CHECKING:
 
 __all__ = [
     "add_bus_args",
+    "add_clock_arg",
     "add_credential_args",
     "add_metrics_arg",
+    "bucket_clock",
     "credentials",
     "fmt_table",
     "install_stop_signals",
@@ -146,3 +154,31 @@ def credentials(args: argparse.Namespace) -> tuple[Sealer | None, Trust | None]:
     sealer = Sealer(load_private_key(args.seal)) if args.seal else None
     trust = Trust(WatchedAllowList(args.trust)) if args.trust else None
     return sealer, trust
+
+
+def add_clock_arg(parser: argparse.ArgumentParser) -> None:
+    """``--spec``: stamp buckets with a fusion spec's clock."""
+    parser.add_argument(
+        "--spec",
+        metavar="YAML",
+        help="stamp buckets with this fusion spec's clock (a fusion YAML, or a robot YAML with "
+        "fusion: or clock:); fusion workers refuse samples of another clock (default: 100 ms, offset 0)",
+    )
+
+
+def bucket_clock(spec: str | None, *, config: str | None = None) -> BucketClock:
+    """The bucket clock to stamp with: ``spec``'s, else the robot YAML ``config``'s (when it has
+    ``clock:`` or ``fusion:``), else the default."""
+    for path in (spec, config):
+        if not path:
+            continue
+        try:
+            doc = yaml.safe_load(Path(path).read_text()) or {}
+        except (OSError, yaml.YAMLError) as err:
+            raise BusConfigError(f"cannot read {path!r}: {err}") from err
+        if isinstance(doc, dict) and ("clock" in doc or "fusion" in doc):
+            only_clock = {k: doc[k] for k in ("clock", "fusion") if k in doc}
+            return robot_config_from_dict(only_clock, where=path).clock
+        if path == spec:
+            return load_spec(path).clock
+    return BucketClock()

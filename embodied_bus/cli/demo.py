@@ -192,7 +192,7 @@ async def run_pipeline(args: argparse.Namespace, p: Pipeline, frames: FrameLog) 
         await worker.ready.wait()
         await rec_ready.wait()
         progress = {"frac": 0.0}
-        opts = ReplayOptions(rate=args.rate, topics=tuple(p.mapping), mapping=p.mapping)
+        opts = ReplayOptions(rate=args.rate, topics=tuple(p.mapping), mapping=p.mapping, clock=p.spec.clock)
         replay_task = asyncio.create_task(
             replay(robot, [p.bag], opts, stop=stop, progress=lambda f, n: progress.update(frac=f))
         )

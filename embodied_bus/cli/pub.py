@@ -9,7 +9,7 @@ import time
 import numpy as np
 
 from embodied_bus.bus import open_bus
-from embodied_bus.cli.common import add_bus_args, install_stop_signals
+from embodied_bus.cli.common import add_bus_args, add_clock_arg, bucket_clock, install_stop_signals
 from embodied_bus.model.qos import Backpressure, PublisherOptions
 
 __all__ = ["add_parser"]
@@ -33,6 +33,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-ar
         help="wait up to S seconds for a subscriber before sending",
     )
     p.add_argument("--block", action="store_true", help="lossless publishing (backpressure=block)")
+    add_clock_arg(p)
     p.set_defaults(func=run)
 
 
@@ -47,7 +48,12 @@ async def run(args: argparse.Namespace) -> int:
     payload = np.random.default_rng(0).integers(0, 255, args.size, dtype=np.uint8).tobytes()
     async with open_bus(args.bus, namespace=args.ns) as bus:
         pub = await bus.publisher(
-            args.stream, modality=args.modality, encoding=args.encoding, frame_id=args.frame_id, options=opts
+            args.stream,
+            modality=args.modality,
+            encoding=args.encoding,
+            frame_id=args.frame_id,
+            clock=bucket_clock(args.spec),
+            options=opts,
         )
         if args.wait_subscriber > 0 and not await pub.wait_for_subscribers(args.wait_subscriber):
             print(f"no subscriber on {args.stream!r} after {args.wait_subscriber:g} s; sending anyway")

@@ -12,7 +12,7 @@ from typing import Any
 import yaml
 
 from embodied_bus.bus import open_bus
-from embodied_bus.cli.common import add_bus_args, install_stop_signals
+from embodied_bus.cli.common import add_bus_args, add_clock_arg, bucket_clock, install_stop_signals
 from embodied_bus.cli.view import add_view_arg, serving_view
 from embodied_bus.errors import BusConfigError
 from embodied_bus.replay.player import ReplayOptions, replay
@@ -39,7 +39,11 @@ def add_parser(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-ar
         metavar="/topic=stream",
         help="publish a topic under another stream name (repeatable)",
     )
-    p.add_argument("--config", help="robot YAML whose streams: section maps topics to streams")
+    p.add_argument(
+        "--config",
+        help="robot YAML: its streams: map topics to streams, its clock: or fusion: gives the bucket clock",
+    )
+    add_clock_arg(p)
     p.add_argument(
         "--stamp",
         choices=["header", "log"],
@@ -82,6 +86,7 @@ async def run(args: argparse.Namespace) -> int:
         topics=tuple(args.topics) if args.topics else None,
         mapping=mapping,
         stamp=args.stamp,
+        clock=bucket_clock(args.spec, config=args.config),
     )
     stop = asyncio.Event()
     install_stop_signals(stop)

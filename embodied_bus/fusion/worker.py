@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+from collections import Counter
 from collections.abc import Callable
 from typing import Any
 
@@ -96,6 +97,8 @@ class FusionWorker:
         self._frames_pub: Publisher | None = None
         self._late_pub: Publisher | None = None
         self._last_input = time.monotonic()
+        #: Samples refused for being stamped with another bucket clock, by stream.
+        self.foreign_clock: Counter[str] = Counter()
         self.ready = asyncio.Event()
         #: Held while a sample is handled (or buckets are flushed): Key_Shared slots are re-dealt
         #: only between samples, so a frame published is never left with its samples
@@ -137,11 +140,36 @@ class FusionWorker:
     async def push(self, sample: Sample) -> None:
         """Feed one sample (the subscriptions call this; tests and replay may too)."""
         self._last_input = time.monotonic()
+        if not self.same_clock(sample):
+            return
         if not await self.scale_out.admit(sample):
             return
         events = self.assembler.push(sample)
         await self.scale_out.after_push(sample)
         await self.handle(events)
+
+    def same_clock(self, sample: Sample) -> bool:
+        """True if ``sample`` was bucketed with the spec's clock. Otherwise it is refused
+        (acknowledged, counted, and named in a warning once per stream): its bucket id, the
+        routing key of scale-out, would send its bucket's samples to different workers."""
+        h, clock = sample.header, self.spec.clock
+        if h.bucket_width_ns == clock.width_ns and h.bucket_offset_ns == clock.offset_ns:
+            return True
+        if not self.foreign_clock[sample.stream]:
+            _log.warning(
+                "refusing %s samples: bucketed %g ms offset %g ms, but fusion spec %r uses %g ms "
+                "offset %g ms; publish with the spec's clock (robot YAML clock: or fusion:, "
+                "replay --spec or --config)",
+                sample.stream,
+                h.bucket_width_ns / 1e6,
+                h.bucket_offset_ns / 1e6,
+                self.spec.name,
+                clock.width_ns / 1e6,
+                clock.offset_ns / 1e6,
+            )
+        self.foreign_clock[sample.stream] += 1
+        sample.ack()
+        return False
 
     async def publish_frame(self, frame: MultiModalFrame) -> None:
         """Publish a frame (and count it)."""
@@ -267,5 +295,6 @@ class FusionWorker:
             "stamp_fallbacks": s.stamp_fallbacks,
             "unused": s.unused,
             "forced": s.forced,
+            "foreign_clock": dict(self.foreign_clock),
             **self.scale_out.summary(),
         }

@@ -17,6 +17,7 @@ import yaml
 
 from embodied_bus.errors import BusConfigError
 from embodied_bus.fusion.spec import FusionSpec, spec_from_dict
+from embodied_bus.model.clock import BucketClock
 from embodied_bus.model.documents import convert_document
 from embodied_bus.rosmsg.rmw_zenoh import DEFAULT_ROUTER_ENDPOINT, QosProfile, RmwZenohError
 
@@ -117,6 +118,9 @@ class RobotConfig:
     fusion: FusionSpec | None = None
     bus: str | None = None
     namespace: str | None = None
+    #: The bucket clock every publisher of this robot stamps with: ``clock:``, else the fusion
+    #: spec's, else the default (a fusion worker refuses samples of another clock).
+    clock: BucketClock = field(default_factory=BucketClock)
 
 
 def _topic(where: str, value: str) -> str:
@@ -237,10 +241,39 @@ class ActionsDocument(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
     routes: dict[str, Any] | None = None
 
 
+class ClockDocument(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
+    """``clock:`` of the robot YAML: the bucket clock of its publishers, in milliseconds."""
+
+    bucket_width_ms: float
+    bucket_offset_ms: float = 0.0
+
+    def clock(self, where: str) -> BucketClock:
+        width_ns, offset_ns = round(self.bucket_width_ms * 1e6), round(self.bucket_offset_ms * 1e6)
+        try:
+            return BucketClock(width_ns=width_ns, offset_ns=offset_ns)
+        except BusConfigError as err:
+            raise RobotConfigError(f"{where}: {err}") from None
+
+
+def _clock(d: RobotDocument, fusion: FusionSpec | None, where: str) -> BucketClock:
+    """The robot's one bucket clock; an explicit ``clock:`` must agree with the fusion spec's."""
+    if d.clock is None:
+        return fusion.clock if fusion is not None else BucketClock()
+    clock = _doc(d.clock, ClockDocument, f"{where}.clock").clock(f"{where}.clock")
+    if fusion is not None and fusion.clock != clock:
+        raise RobotConfigError(
+            f"{where}.clock: {clock.width_ns / 1e6:g} ms offset {clock.offset_ns / 1e6:g} ms differs from "
+            f"the fusion spec's {fusion.clock.width_ns / 1e6:g} ms offset {fusion.clock.offset_ns / 1e6:g} "
+            "ms; the fusion worker would refuse every sample (give one clock, or leave clock: out)"
+        )
+    return clock
+
+
 class RobotDocument(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
     """The robot YAML; each section is checked as its own document (errors name the entry)."""
 
     bus: str | None = None
+    clock: Any = None
     namespace: str | None = None
     ros: Any = None
     streams: dict[str, Any] | None = None
@@ -276,6 +309,7 @@ def robot_config_from_dict(doc: Mapping[str, Any], *, where: str = "robot") -> R
         for w in [f"{where}.publish.frames[{i}]"]
     ]
     acts = _doc(d.actions, ActionsDocument, f"{where}.actions")
+    fusion = spec_from_dict(d.fusion, where=f"{where}.fusion") if d.fusion else None
     routes = [
         _doc(opts, RouteDocument, w).route(str(kind), w)
         for kind, opts in (acts.routes or {}).items()
@@ -289,9 +323,10 @@ def robot_config_from_dict(doc: Mapping[str, Any], *, where: str = "robot") -> R
         actions=tuple(routes),
         submit_topic=_topic(f"{where}.actions.submit_topic", acts.submit_topic),
         results_topic=_topic(f"{where}.actions.results_topic", acts.results_topic),
-        fusion=spec_from_dict(d.fusion, where=f"{where}.fusion") if d.fusion else None,
+        fusion=fusion,
         bus=d.bus or None,
         namespace=d.namespace or None,
+        clock=_clock(d, fusion, where),
     )
 
 

@@ -252,6 +252,7 @@ class RmwZenohBridge:
                 route.stream,
                 modality=modality_of(route.ros_type),
                 encoding=f"cdr:{route.ros_type}",
+                clock=self.config.clock,
                 options=PublisherOptions(backpressure=Backpressure.DROP_OLDEST),
             )
             self._subscribe_ros(route, pub)

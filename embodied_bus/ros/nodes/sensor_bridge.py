@@ -36,6 +36,7 @@ async def serve(node: Any, params: NodeParams, stop: asyncio.Event) -> None:
                 route.stream,
                 modality=modality_of(route.ros_type),
                 encoding=f"cdr:{route.ros_type}",
+                clock=cfg.clock,
                 options=PublisherOptions(backpressure=Backpressure.DROP_OLDEST),
             )
 
