@@ -82,8 +82,6 @@ def test_echo_prints_header_fields_of_samples_from_pub() -> None:
             "40",
             "--wait-subscriber",
             "20",
-            "--spec",
-            "config/fusion.yaml",
         )
         assert pub.returncode == 0, pub.stderr
         out, err = echo.communicate(timeout=60)
