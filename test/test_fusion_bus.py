@@ -16,6 +16,7 @@ from embodied_bus.fusion import decode_frame, encode_frame, load_spec
 from embodied_bus.fusion.key_shared import KeyShared
 from embodied_bus.fusion.worker import FusionWorker, ScaleOutMode, frames_stream
 from embodied_bus.sim.scenario import Scenario, generate
+from embodied_bus.streams.subscriber import Subscription
 
 from conftest import BusPair, wait_until
 
@@ -173,10 +174,10 @@ async def test_a_fusion_worker_whose_bus_is_closed_under_it_stops_with_a_clear_e
         await asyncio.wait_for(task, 10)
 
 
-@pytest.mark.parametrize("stamp_ns", [2**63 - 1, -(2**63), 2**63 - 1_000_000])
-async def test_samples_stamped_at_the_int64_bounds_are_handled_and_fusion_keeps_serving(
-    bus_pair: BusPair, stamp_ns: int
-) -> None:
+async def relaxed_worker(
+    bus_pair: BusPair,
+) -> tuple[FusionWorker, asyncio.Event, asyncio.Task[None], Subscription]:
+    """A running worker of RELAXED that flushes when idle, and a subscription to its frames."""
     worker = FusionWorker(bus_pair.subscriber_bus, RELAXED, idle_flush_s=0.2)
     stop = asyncio.Event()
     frames_sub = await bus_pair.publisher_bus.subscribe(
@@ -184,6 +185,14 @@ async def test_samples_stamped_at_the_int64_bounds_are_handled_and_fusion_keeps_
     )
     task = asyncio.create_task(worker.run(stop))
     await asyncio.wait_for(worker.ready.wait(), 30)
+    return worker, stop, task, frames_sub
+
+
+@pytest.mark.parametrize("stamp_ns", [2**63 - 1, -(2**63), 2**63 - 1_000_000])
+async def test_samples_stamped_at_the_int64_bounds_are_handled_and_fusion_keeps_serving(
+    bus_pair: BusPair, stamp_ns: int
+) -> None:
+    worker, stop, task, frames_sub = await relaxed_worker(bus_pair)
     pub = await bus_pair.publisher_bus.publisher("lidar/top", clock=SPEC.clock, options=BLOCK_PUB)
     assert await pub.wait_for_subscribers(10)
     await pub.publish(b"extreme", stamp_ns=stamp_ns)
@@ -201,13 +210,7 @@ async def test_samples_stamped_at_the_int64_bounds_are_handled_and_fusion_keeps_
 async def test_samples_bucketed_with_another_clock_are_refused_by_name_and_the_rest_fused(
     bus_pair: BusPair, caplog: pytest.LogCaptureFixture
 ) -> None:
-    worker = FusionWorker(bus_pair.subscriber_bus, RELAXED, idle_flush_s=0.2)
-    stop = asyncio.Event()
-    frames_sub = await bus_pair.publisher_bus.subscribe(
-        frames_stream(SPEC), options=SubscriptionOptions(capacity=1000, backpressure=Backpressure.BLOCK)
-    )
-    task = asyncio.create_task(worker.run(stop))
-    await asyncio.wait_for(worker.ready.wait(), 30)
+    worker, stop, task, frames_sub = await relaxed_worker(bus_pair)
     stranger = await bus_pair.publisher_bus.publisher("imu", options=BLOCK_PUB)  # default 100 ms, offset 0
     lidar = await bus_pair.publisher_bus.publisher("lidar/top", clock=SPEC.clock, options=BLOCK_PUB)
     assert await stranger.wait_for_subscribers(10) and await lidar.wait_for_subscribers(10)

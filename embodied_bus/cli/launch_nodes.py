@@ -10,13 +10,11 @@ appended by ``ros2 launch`` are ignored.
 from __future__ import annotations
 
 import argparse
-import os
 import sys
 
 from embodied_bus.cli.main import main as cli_main
-from embodied_bus.engines.urls import DEFAULT_URL
 from embodied_bus.errors import EmbodiedBusError
-from embodied_bus.ros.config import load_robot_config
+from embodied_bus.ros.config import RobotConfig, load_robot_config
 from embodied_bus.ros.launching import require_shared_bus
 
 __all__ = ["fusion_worker", "queue_service", "resolve_bus", "strip_ros_args"]
@@ -49,7 +47,7 @@ def resolve_bus(prog: str, argv: list[str], *, config_required: bool) -> tuple[a
     p.add_argument("--ns", default="")
     args, rest = p.parse_known_args(strip_ros_args(argv))
     cfg = load_robot_config(args.config) if args.config else None
-    bus = args.bus or (cfg.bus if cfg else None) or os.environ.get("EMBODIED_BUS_URL", DEFAULT_URL)
+    bus = (cfg or RobotConfig()).bus_url(args.bus)
     require_shared_bus(bus, who=prog)
     ns = args.ns or (cfg.namespace if cfg else None)
     opts = ["--bus", bus] + (["--ns", ns] if ns else [])

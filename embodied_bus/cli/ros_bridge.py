@@ -6,13 +6,12 @@ import argparse
 import asyncio
 import dataclasses
 import json
-import os
 from typing import Any
 
 from embodied_bus.actions.client import Planner
 from embodied_bus.bus import open_bus
 from embodied_bus.cli.common import install_stop_signals, serve_until
-from embodied_bus.engines.urls import DEFAULT_URL, parse_bus_url, with_connect
+from embodied_bus.engines.urls import parse_bus_url, with_connect
 from embodied_bus.fusion.worker import FusionWorker
 from embodied_bus.ros.config import RosLink, load_robot_config
 from embodied_bus.ros.launching import router_connect_endpoint
@@ -60,7 +59,7 @@ async def run(args: argparse.Namespace) -> int:
     if args.connect:
         link = dataclasses.replace(link, connect=tuple(args.connect), host_router=None)
     cfg = dataclasses.replace(cfg, ros=link)
-    url = bus_beside_ros(args.bus or cfg.bus or os.environ.get("EMBODIED_BUS_URL", DEFAULT_URL), link)
+    url = bus_beside_ros(cfg.bus_url(args.bus), link)
     stop = asyncio.Event()
     install_stop_signals(stop)
     # the ROS side first: a hosted router must be up before a bus that connects to it

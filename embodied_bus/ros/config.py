@@ -7,6 +7,7 @@ on load; every error names the offending key.
 
 from __future__ import annotations
 
+import os
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -15,6 +16,7 @@ from typing import Any, TypeVar
 import msgspec
 import yaml
 
+from embodied_bus.engines.urls import DEFAULT_URL
 from embodied_bus.errors import BusConfigError
 from embodied_bus.fusion.spec import FusionSpec, spec_from_dict
 from embodied_bus.model.clock import BucketClock
@@ -121,6 +123,11 @@ class RobotConfig:
     #: The bucket clock every publisher of this robot stamps with: ``clock:``, else the fusion
     #: spec's, else the default (a fusion worker refuses samples of another clock).
     clock: BucketClock = field(default_factory=BucketClock)
+
+    def bus_url(self, override: str | None = None) -> str:
+        """The bus to use: ``override``, else ``bus:``, else ``$EMBODIED_BUS_URL``, else the
+        embedded default."""
+        return override or self.bus or os.environ.get("EMBODIED_BUS_URL", DEFAULT_URL)
 
 
 def _topic(where: str, value: str) -> str:

@@ -20,7 +20,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
-from embodied_bus.engines.urls import DEFAULT_URL, parse_bus_url, with_connect
+from embodied_bus.engines.urls import parse_bus_url, with_connect
 from embodied_bus.errors import BusConfigError
 from embodied_bus.ros.config import load_robot_config
 
@@ -162,7 +162,7 @@ def resolve(args: LaunchArgs, who: str) -> Resolved:
     if not args.config:
         args = replace(args, config=str(shared_file("config/robot.yaml")))
     cfg = load_robot_config(args.config)
-    url = args.bus or cfg.bus or os.environ.get("EMBODIED_BUS_URL", DEFAULT_URL)
+    url = cfg.bus_url(args.bus)
     settings = parse_bus_url(url)
     if args.router and not settings.reaches_other_processes:
         url = with_connect(url, [router_connect_endpoint(args.router_listen)])

@@ -4,13 +4,11 @@ executor. Imported only from the nodes' ``main``, after rclpy was found."""
 from __future__ import annotations
 
 import asyncio
-import os
 import sys
 import threading
 from collections.abc import Awaitable, Callable
 from typing import Any
 
-from embodied_bus.engines.urls import DEFAULT_URL
 from embodied_bus.errors import EmbodiedBusError
 from embodied_bus.loop import install_stop_signals
 from embodied_bus.ros.config import RobotConfig, load_robot_config
@@ -59,7 +57,7 @@ def declare_params(node: Any) -> NodeParams:
     if not path:
         raise EmbodiedBusError("parameter 'config' is required (path to a robot YAML)")
     cfg = load_robot_config(path)
-    url = bus or cfg.bus or os.environ.get("EMBODIED_BUS_URL", DEFAULT_URL)
+    url = cfg.bus_url(bus)
     require_shared_bus(url, who=node.get_name())
     return NodeParams(cfg, path, url, ns or cfg.namespace)
 
