@@ -18,7 +18,7 @@ setup(
     license="Apache-2.0",
     python_requires=">=3.10",
     packages=find_packages(exclude=["test", "test.*", "bench", "bench.*"]),
-    package_data={package_name: ["py.typed"]},
+    package_data={package_name: ["py.typed", "rosmsg/definitions/*.md", "rosmsg/definitions/*/*/*"]},
     data_files=[
         ("share/ament_index/resource_index/packages", ["resource/" + package_name]),
         ("share/" + package_name, ["package.xml"]),

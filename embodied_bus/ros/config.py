@@ -96,6 +96,8 @@ class RosLink:
         connect: Zenoh endpoints of the robot's router (rmw_zenoh's default: tcp/localhost:7447).
         host_router: Host the router in the bridge process on this endpoint (e.g.
             ``tcp/[::]:7447``) so rmw_zenoh nodes need no ``rmw_zenohd``; None to connect instead.
+        interfaces: Directories of ``<pkg>/<msg|srv|action>/<Name>.<ext>`` definitions for
+            types the distribution lacks (searched before ``$AMENT_PREFIX_PATH``).
     """
 
     domain_id: int = 0
@@ -104,6 +106,7 @@ class RosLink:
     namespace: str = ""
     connect: tuple[str, ...] = (DEFAULT_ROUTER_ENDPOINT,)
     host_router: str | None = None
+    interfaces: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True, slots=True)
@@ -115,6 +118,8 @@ class RobotConfig:
     outbound: tuple[TopicRoute, ...] = ()
     frames: tuple[FrameRoute, ...] = ()
     actions: tuple[ActionRoute, ...] = ()
+    #: Queue kinds offered to ROS 2 action clients as action servers.
+    offers: tuple[ActionRoute, ...] = ()
     submit_topic: str = DEFAULT_SUBMIT_TOPIC
     results_topic: str = DEFAULT_RESULTS_TOPIC
     fusion: FusionSpec | None = None
@@ -163,8 +168,9 @@ class RosDocument(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
     namespace: str | None = ""
     connect: list[str] | str = msgspec.field(default_factory=lambda: [DEFAULT_ROUTER_ENDPOINT])
     host_router: str | None = None
+    interfaces: list[str] = msgspec.field(default_factory=list)
 
-    def link(self, where: str) -> RosLink:
+    def link(self, where: str, base: Path | None = None) -> RosLink:
         if not 0 <= self.domain_id <= 232:
             raise RobotConfigError(f"{where}.domain_id: expected 0..232, got {self.domain_id!r}")
         distro = self.distro.lower()
@@ -183,6 +189,7 @@ class RosDocument(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
             self.namespace or "",
             tuple(connect),
             self.host_router or None,
+            tuple(str(base / p) if base is not None else p for p in self.interfaces),
         )
 
 
@@ -246,6 +253,7 @@ class ActionsDocument(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
     submit_topic: str = DEFAULT_SUBMIT_TOPIC
     results_topic: str = DEFAULT_RESULTS_TOPIC
     routes: dict[str, Any] | None = None
+    offer: dict[str, Any] | None = None
 
 
 class ClockDocument(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
@@ -289,14 +297,17 @@ class RobotDocument(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
     actions: Any = None
 
 
-def robot_config_from_dict(doc: Mapping[str, Any], *, where: str = "robot") -> RobotConfig:
-    """Validate a parsed robot YAML.
+def robot_config_from_dict(
+    doc: Mapping[str, Any], *, where: str = "robot", base: Path | None = None
+) -> RobotConfig:
+    """Validate a parsed robot YAML (relative ``ros.interfaces`` directories are taken from
+    ``base``).
 
     Raises:
         RobotConfigError: The message names the offending key.
     """
     d = _doc(doc, RobotDocument, where)
-    link = _doc(d.ros, RosDocument, f"{where}.ros").link(f"{where}.ros")
+    link = _doc(d.ros, RosDocument, f"{where}.ros").link(f"{where}.ros", base)
     inbound = [
         _doc(opts, TopicDocument, w).route(str(stream), w, "sensor_data")
         for stream, opts in (d.streams or {}).items()
@@ -322,12 +333,18 @@ def robot_config_from_dict(doc: Mapping[str, Any], *, where: str = "robot") -> R
         for kind, opts in (acts.routes or {}).items()
         for w in [f"{where}.actions.routes.{kind}"]
     ]
+    offers = [
+        _doc(opts, RouteDocument, w).route(str(kind), w)
+        for kind, opts in (acts.offer or {}).items()
+        for w in [f"{where}.actions.offer.{kind}"]
+    ]
     return RobotConfig(
         ros=link,
         inbound=tuple(inbound),
         outbound=tuple(outbound),
         frames=tuple(frames),
         actions=tuple(routes),
+        offers=tuple(offers),
         submit_topic=_topic(f"{where}.actions.submit_topic", acts.submit_topic),
         results_topic=_topic(f"{where}.actions.results_topic", acts.results_topic),
         fusion=fusion,
@@ -349,4 +366,4 @@ def load_robot_config(path: str | Path) -> RobotConfig:
         raise RobotConfigError(f"cannot read robot config {str(path)!r}: {err}") from err
     except yaml.YAMLError as err:
         raise RobotConfigError(f"robot config {str(path)!r} is not valid YAML: {err}") from err
-    return robot_config_from_dict(doc or {}, where=str(path))
+    return robot_config_from_dict(doc or {}, where=str(path), base=Path(path).parent)

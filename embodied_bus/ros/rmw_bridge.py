@@ -8,8 +8,10 @@ rmw_zenoh's format (:mod:`embodied_bus.rosmsg.rmw_zenoh`):
   publisher's source timestamp, flagged; types without a header use the source timestamp).
 * **bus → ROS**: it publishes bus streams and the members of fused frames as ROS topics with
   their original types and stamps, plus frame statistics as ``DiagnosticArray``.
-* **actions**: ROS-side planners publish JSON on a ``std_msgs/String`` topic and read outcomes
-  on another (when the bridge is given a :class:`~embodied_bus.actions.client.Planner`).
+* **actions** (when the bridge is given a :class:`~embodied_bus.actions.client.Planner`):
+  queue actions of routed kinds run on ROS 2 action servers, offered kinds are ROS 2 action
+  servers for ROS 2 action clients (:mod:`embodied_bus.ros.rmw_actions`), and ROS-side planners
+  may also publish JSON on a ``std_msgs/String`` topic and read outcomes on another.
 * **graph**: it declares rmw_zenoh liveliness tokens for its node, subscriptions and
   publishers, so ``ros2 node list`` / ``ros2 topic list`` / ``ros2 topic echo`` see it.
 * **router**: with ``host_router`` set it runs the Zenoh router itself, so rmw_zenoh nodes on
@@ -28,13 +30,13 @@ import json
 import logging
 import time
 from collections import Counter
-from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
 import zenoh
 
 from embodied_bus.actions.client import Planner
+from embodied_bus.actions.executor import Executor
 from embodied_bus.bus import Bus
 from embodied_bus.errors import BusConnectionError, EncodingError
 from embodied_bus.fusion.codec import decode_frame
@@ -45,24 +47,15 @@ from embodied_bus.ros.bridge_core import (
     header_of,
     outcome_json,
     parse_submission,
+    resolve_routes,
     string_cdr,
     string_from_cdr,
 )
 from embodied_bus.ros.config import FrameRoute, RobotConfig, RosLink, TopicRoute
-from embodied_bus.rosmsg.rmw_zenoh import (
-    DEFAULT_QOS,
-    EntityKind,
-    QosProfile,
-    Reliability,
-    RmwZenohError,
-    entity_token,
-    gid_of,
-    node_token,
-    pack_attachment,
-    topic_key,
-    type_hash,
-    unpack_attachment,
-)
+from embodied_bus.ros.rmw_actions import QueueActionServer, RosActionClient, route_handler
+from embodied_bus.ros.rmw_node import RmwNode, RosPublisher
+from embodied_bus.rosmsg.interfaces import Interfaces
+from embodied_bus.rosmsg.rmw_zenoh import DEFAULT_QOS, QosProfile, RmwZenohError, unpack_attachment
 from embodied_bus.rosmsg.types import modality_of
 from embodied_bus.streams.publisher import Publisher
 
@@ -122,39 +115,6 @@ class BridgeCounters:
         }
 
 
-class _RosPublisher:
-    """One rmw_zenoh publisher: key, liveliness token, GID, sequence numbers."""
-
-    def __init__(self, bridge: RmwZenohBridge, topic: str, ros_type: str, qos: QosProfile) -> None:
-        link = bridge.config.ros
-        hash_ = type_hash(ros_type, link.distro)
-        self.topic = topic
-        self.ros_type = ros_type
-        self.key = topic_key(link.domain_id, topic, ros_type, hash_)
-        self.token_key = bridge.entity_token(EntityKind.PUBLISHER, topic, ros_type, hash_, qos)
-        self.gid = gid_of(self.token_key)
-        self.seq = 0
-        session = bridge.session
-        self._pub = session.declare_publisher(
-            self.key,
-            congestion_control=zenoh.CongestionControl.DROP,
-            reliability=zenoh.Reliability.BEST_EFFORT
-            if qos.reliability is Reliability.BEST_EFFORT
-            else zenoh.Reliability.RELIABLE,
-        )
-        self._token = session.liveliness().declare_token(self.token_key)
-
-    def put(self, cdr: bytes | memoryview) -> None:
-        self.seq += 1
-        self._pub.put(bytes(cdr), attachment=pack_attachment(self.seq, time.time_ns(), self.gid))
-
-    def undeclare(self) -> None:
-        with contextlib.suppress(Exception):
-            self._token.undeclare()
-        with contextlib.suppress(Exception):
-            self._pub.undeclare()
-
-
 class RmwZenohBridge:
     """ROS 2 (rmw_zenoh) ↔ bus bridge; see the module docstring.
 
@@ -176,51 +136,26 @@ class RmwZenohBridge:
         self.planner = planner
         self.counters = BridgeCounters()
         self.session: Any = session
-        self.zid = ""
-        self.node_id = 0
-        self.tokens: list[str] = []
-        self._entity = 0
+        self.node: RmwNode | None = None
+        self.interfaces = Interfaces(config.ros.distro, config.ros.interfaces)
+        #: Action routes and offers left out, one message each (type not found).
+        self.problems: list[str] = []
         self._loop: asyncio.AbstractEventLoop | None = None
         self._tasks: list[asyncio.Task[None]] = []
-        self._decls: list[Any] = []
-        self._ros_pubs: dict[tuple[str, str], _RosPublisher] = {}
+        self._servers: list[QueueActionServer] = []
+        self._stop_executor = asyncio.Event()
         self._warned: set[str] = set()
         self._closed = False
 
-    def next_entity_id(self) -> int:
-        """A fresh entity id inside this bridge's session."""
-        self._entity += 1
-        return self._entity
+    @property
+    def zid(self) -> str:
+        """Zenoh id of the ROS-side session."""
+        return self.node.zid if self.node is not None else ""
 
-    def entity_token(self, kind: EntityKind, topic: str, ros_type: str, hash_: str, qos: QosProfile) -> str:
-        """The liveliness key of a new publisher or subscription of this bridge's node."""
-        link = self.config.ros
-        return entity_token(
-            link.domain_id,
-            self.zid,
-            self.node_id,
-            self.next_entity_id(),
-            kind,
-            link.namespace,
-            link.node_name,
-            topic,
-            ros_type,
-            hash_,
-            qos,
-        )
-
-    def _declare_subscription(
-        self, topic: str, ros_type: str, qos: QosProfile, on_sample: Callable[[zenoh.Sample], None]
-    ) -> None:
-        """A Zenoh subscriber on a ROS topic's key, announced with an ``MS`` liveliness token."""
-        link = self.config.ros
-        hash_ = type_hash(ros_type, link.distro)
-        self._decls.append(
-            self.session.declare_subscriber(topic_key(link.domain_id, topic, ros_type, hash_), on_sample)
-        )
-        tok = self.entity_token(EntityKind.SUBSCRIPTION, topic, ros_type, hash_, qos)
-        self._decls.append(self.session.liveliness().declare_token(tok))
-        self.tokens.append(tok)
+    @property
+    def tokens(self) -> list[str]:
+        """Liveliness keys of the bridge's node and entities."""
+        return self.node.tokens if self.node is not None else []
 
     async def __aenter__(self) -> RmwZenohBridge:
         await self.start()
@@ -240,13 +175,10 @@ class RmwZenohBridge:
         self._loop = asyncio.get_running_loop()
         link = self.config.ros
         for route in (*self.config.inbound, *self.config.outbound):
-            type_hash(route.ros_type, link.distro)  # fail early, naming the type
+            self.interfaces.hash(route.ros_type)  # fail early, naming the type
         if self.session is None:
             self.session = await open_rmw_session(link)
-        self.zid = str(self.session.zid())
-        tok = node_token(link.domain_id, self.zid, self.node_id, link.namespace, link.node_name)
-        self._decls.append(self.session.liveliness().declare_token(tok))
-        self.tokens.append(tok)
+        self.node = RmwNode(self.session, link, self.interfaces)
         for route in self.config.inbound:
             pub = await self.bus.publisher(
                 route.stream,
@@ -263,6 +195,31 @@ class RmwZenohBridge:
             self._tasks.append(asyncio.create_task(self._forward_frames(frame_route)))
         if self.planner is not None:
             self._subscribe_submissions()
+            self._start_actions(self.planner)
+
+    def _start_actions(self, planner: Planner) -> None:
+        """Offered kinds as action servers; routed kinds executed on ROS 2 action servers."""
+        node = self.node
+        assert node is not None
+        offers, problems = resolve_routes(self.config.offers, lambda o: QueueActionServer(node, o, planner))
+        self._servers = [server for _, server in offers]
+        routes, more = resolve_routes(
+            self.config.actions,
+            lambda r: route_handler(
+                RosActionClient(node, r.action, self.interfaces.action(r.action_type)), r
+            ),
+        )
+        self.problems = [*problems, *more]
+        for problem in self.problems:
+            _log.error("%s", problem)
+        if routes:
+            executor = Executor(self.bus, f"ros-{self.config.ros.node_name}", concurrency=len(routes))
+            for route, handler in routes:
+                executor.handler(route.kind)(handler)
+                _log.info(
+                    "queue actions '%s' -> ROS 2 action %s (%s)", route.kind, route.action, route.action_type
+                )
+            self._tasks.append(asyncio.create_task(executor.run(self._stop_executor)))
 
     def _declare_known_publishers(self) -> None:
         """Every ROS publisher known from the config, declared now: the graph (``ros2 topic
@@ -281,10 +238,9 @@ class RmwZenohBridge:
             self._ros_publisher(self.config.results_topic, _STRING_TYPE)
 
     def _subscribe_ros(self, route: TopicRoute, pub: Publisher) -> None:
-        link = self.config.ros
         loop = self._loop
-        assert loop is not None
-        distro = link.distro
+        assert loop is not None and self.node is not None
+        distro = self.config.ros.distro
 
         def on_sample(sample: zenoh.Sample) -> None:
             att = sample.attachment
@@ -306,7 +262,7 @@ class RmwZenohBridge:
                     stamp, fallback = a.source_timestamp_ns or time.time_ns(), True
             loop.call_soon_threadsafe(self._publish_in, route, pub, payload, stamp, frame_id, fallback)
 
-        self._declare_subscription(route.topic, route.ros_type, route.qos, on_sample)
+        self.node.subscribe(route.topic, route.ros_type, route.qos, on_sample)
 
     def _publish_in(
         self, route: TopicRoute, pub: Publisher, payload: bytes, stamp_ns: int, frame_id: str, fallback: bool
@@ -321,14 +277,9 @@ class RmwZenohBridge:
             return
         self.counters.from_ros[route.topic] += 1
 
-    def _ros_publisher(self, topic: str, ros_type: str, qos: QosProfile = DEFAULT_QOS) -> _RosPublisher:
-        key = (topic, ros_type)
-        pub = self._ros_pubs.get(key)
-        if pub is None:
-            pub = _RosPublisher(self, topic, ros_type, qos)
-            self._ros_pubs[key] = pub
-            self.tokens.append(pub.token_key)
-        return pub
+    def _ros_publisher(self, topic: str, ros_type: str, qos: QosProfile = DEFAULT_QOS) -> RosPublisher:
+        assert self.node is not None
+        return self.node.publisher(topic, ros_type, qos)
 
     async def _forward_stream(self, route: TopicRoute) -> None:
         sub = await self.bus.subscribe(route.stream)
@@ -387,13 +338,14 @@ class RmwZenohBridge:
             payload = sample.payload.to_bytes()
             loop.call_soon_threadsafe(self._spawn_submit, payload, results)
 
-        self._declare_subscription(self.config.submit_topic, _STRING_TYPE, DEFAULT_QOS, on_sample)
+        assert self.node is not None
+        self.node.subscribe(self.config.submit_topic, _STRING_TYPE, DEFAULT_QOS, on_sample)
 
-    def _spawn_submit(self, payload: bytes, results: _RosPublisher) -> None:
+    def _spawn_submit(self, payload: bytes, results: RosPublisher) -> None:
         if not self._closed:
             self._tasks.append(asyncio.create_task(self._submit(payload, results)))
 
-    async def _submit(self, payload: bytes, results: _RosPublisher) -> None:
+    async def _submit(self, payload: bytes, results: RosPublisher) -> None:
         assert self.planner is not None
         self.counters.submissions += 1
         request_id = None
@@ -438,15 +390,15 @@ class RmwZenohBridge:
         if self._closed:
             return
         self._closed = True
+        self._stop_executor.set()  # a running action goes back to the queue
+        for server in self._servers:
+            await server.close()
         for t in self._tasks:
             t.cancel()
         for t in self._tasks:
             with contextlib.suppress(asyncio.CancelledError, Exception):
                 await t
-        for pub in self._ros_pubs.values():
-            pub.undeclare()
-        for d in self._decls:
-            with contextlib.suppress(Exception):
-                d.undeclare()
+        if self.node is not None:
+            self.node.close()
         if self.session is not None:
             await asyncio.to_thread(self.session.close)
