@@ -42,8 +42,10 @@ def add_parser(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-ar
     )
     p.add_argument("--fuse", action="store_true", help="also run a fusion worker for the config's fusion:")
     p.add_argument(
-        "--actions", action="store_true", help="actions: run routed kinds on ROS 2 action servers, offer kinds as ROS 2 action "
-        "servers, accept JSON submissions (needs the action queue)"
+        "--actions",
+        action="store_true",
+        help="run routed action kinds on ROS 2 action servers, offer kinds as ROS 2 action servers, "
+        "accept JSON submissions (needs the action queue)",
     )
     p.add_argument("--duration", type=float, default=0.0, help="stop after S seconds (0 = Ctrl-C)")
     p.add_argument("--json", action="store_true", help="print the final counters as JSON only")
