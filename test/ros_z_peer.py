@@ -4,6 +4,7 @@ own process by the interoperability tests: it imports nothing of embodied_bus.
     python ros_z_peer.py sensors --connect EP --duration-s 4          publish lidar, camera, GPS, IMU
     python ros_z_peer.py listen --connect EP --topic T --type T --count N --timeout-s S
     python ros_z_peer.py graph --connect EP --topic T --timeout-s S  wait until T has a publisher
+    python ros_z_peer.py clock --connect EP --count N --timeout-s S   receive /clock
 
 Each prints one JSON line with what it saw.
 """
@@ -12,15 +13,27 @@ from __future__ import annotations
 
 import argparse
 import json
+import struct
 import sys
 import threading
 import time
-from typing import Any
+from typing import Any, ClassVar
 
+import msgspec
 import ros_z_py as rz
 from ros_z_py import builtin_interfaces, geometry_msgs, sensor_msgs, std_msgs
 
 FLOAT32 = 7
+
+
+class Clock(msgspec.Struct, frozen=True, kw_only=True):
+    """rosgraph_msgs/msg/Clock, which ros-z's message package lacks (its Jazzy RIHS01 hash as
+    rosbags' Jazzy typestore gives it)."""
+
+    clock: Any = msgspec.field(default_factory=lambda: builtin_interfaces.Time())
+
+    __msgtype__: ClassVar[str] = "rosgraph_msgs/msg/Clock"
+    __hash__: ClassVar[str] = "RIHS01_692f7a66e93a3c83e71765d033b60349ba68023a8c689a79e48078bcb5c58564"
 
 
 def _node(connect: str, name: str, domain_id: int = 0) -> Any:
@@ -154,10 +167,27 @@ def graph(args: argparse.Namespace) -> dict[str, Any]:
     return out
 
 
+def clock(args: argparse.Namespace) -> dict[str, Any]:
+    """Receive up to ``count`` /clock messages within ``timeout_s``; their times (decoded by
+    hand: ros-z's Python bindings deserialize only the types they ship)."""
+    ctx, node = _node(args.connect, "ros_z_clock", args.domain_id)
+    sub = node.create_subscriber("/clock", Clock)
+    print(json.dumps({"ready": True}), flush=True)
+    times: list[int] = []
+    deadline = time.monotonic() + args.timeout_s
+    while len(times) < args.count and time.monotonic() < deadline:
+        raw = sub.recv_serialized(timeout=max(0.01, deadline - time.monotonic()))
+        if raw is not None:  # CDR: encapsulation header, int32 sec, uint32 nanosec
+            sec, nanosec = struct.unpack_from("<iI" if raw[1] == 1 else ">iI", raw, 4)
+            times.append(sec * 1_000_000_000 + nanosec)
+    ctx.shutdown()
+    return {"received": len(times), "clock_ns": times}
+
+
 def main() -> int:
     p = argparse.ArgumentParser()
     sub = p.add_subparsers(dest="cmd", required=True)
-    for name in ("sensors", "listen", "graph"):
+    for name in ("sensors", "listen", "graph", "clock"):
         s = sub.add_parser(name)
         s.add_argument("--connect", required=True)
         s.add_argument("--domain-id", type=int, default=0)
@@ -168,8 +198,9 @@ def main() -> int:
     sub.choices["listen"].add_argument("--type", required=True)
     sub.choices["listen"].add_argument("--count", type=int, default=1)
     sub.choices["graph"].add_argument("--topic", required=True)
+    sub.choices["clock"].add_argument("--count", type=int, default=1)
     args = p.parse_args()
-    run = {"sensors": sensors, "listen": listen, "graph": graph}[args.cmd]
+    run = {"sensors": sensors, "listen": listen, "graph": graph, "clock": clock}[args.cmd]
     print(json.dumps(run(args)), flush=True)
     return 0
 

@@ -1,11 +1,16 @@
-"""``embodied-bus replay``: recordings into the bus with faithful timing."""
+"""``embodied-bus replay``: recordings into the bus (or, with ``--ros``, onto ROS 2 topics over
+rmw_zenoh) with faithful timing; space (on a terminal) or SIGUSR1 pauses and resumes."""
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import json
+import os
+import signal
 import sys
+from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -15,7 +20,9 @@ from embodied_bus.bus import open_bus
 from embodied_bus.cli.common import add_bus_args, add_clock_arg, bucket_clock, install_stop_signals
 from embodied_bus.cli.view import add_view_arg, serving_view
 from embodied_bus.errors import BusConfigError
-from embodied_bus.replay.player import ReplayOptions, replay
+from embodied_bus.replay.player import ReplayOptions, ReplaySummary, replay
+from embodied_bus.replay.targets import ReplayControl
+from embodied_bus.ros.config import RobotConfig, RosLink, load_robot_config
 
 __all__ = ["add_parser", "mapping_from_config"]
 
@@ -50,7 +57,27 @@ def add_parser(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-ar
         default="header",
         help="sensor header stamps (zero ones fall back to log time, flagged) or log time",
     )
+    p.add_argument(
+        "--start-paused", action="store_true", help="wait for space (or SIGUSR1) before the first message"
+    )
     p.add_argument("--json", action="store_true", help="print a JSON summary")
+    r = p.add_argument_group("ROS 2 (rmw_zenoh, no ROS install)")
+    r.add_argument(
+        "--ros", action="store_true", help="publish the topics as ROS 2 topics instead of bus streams"
+    )
+    r.add_argument(
+        "--clock",
+        type=float,
+        nargs="?",
+        const=40.0,
+        default=None,
+        metavar="HZ",
+        help="with --ros: publish /clock (rosgraph_msgs/Clock) at HZ (default 40) for use_sim_time",
+    )
+    r.add_argument(
+        "--connect", metavar="ENDPOINT", action="append", default=None, help="the robot's Zenoh router(s)"
+    )
+    r.add_argument("--host-router", metavar="ENDPOINT", help="be the Zenoh router, on ENDPOINT")
     p.set_defaults(func=run)
 
 
@@ -70,14 +97,14 @@ def mapping_from_config(path: str) -> dict[str, str]:
     return out
 
 
-async def run(args: argparse.Namespace) -> int:
+def _options(args: argparse.Namespace) -> ReplayOptions:
     mapping = mapping_from_config(args.config) if args.config else {}
     for item in args.map:
         topic, sep, stream = item.partition("=")
         if not sep or not topic or not stream:
             raise BusConfigError(f"--map expects /topic=stream, got {item!r}")
         mapping[topic] = stream
-    opts = ReplayOptions(
+    return ReplayOptions(
         rate=args.rate,
         fast=args.fast,
         loop=args.loop,
@@ -88,33 +115,136 @@ async def run(args: argparse.Namespace) -> int:
         stamp=args.stamp,
         clock=bucket_clock(args.spec, config=args.config),
     )
+
+
+@contextlib.contextmanager
+def _progress_bar(enabled: bool) -> Iterator[Any]:
+    if not enabled:
+        yield None
+        return
+    from rich.progress import BarColumn, Progress, TextColumn, TimeRemainingColumn
+
+    bar = Progress(
+        TextColumn("replay"),
+        BarColumn(),
+        TextColumn("{task.percentage:>3.0f}%"),
+        TextColumn("{task.fields[n]} msgs"),
+        TimeRemainingColumn(),
+        transient=True,
+    )
+    task_id = bar.add_task("replay", total=1.0, n=0)
+
+    def progress_cb(frac: float, n: int) -> None:
+        bar.update(task_id, completed=frac, n=n)
+
+    bar.start()
+    try:
+        yield progress_cb
+    finally:
+        bar.stop()
+
+
+@contextlib.contextmanager
+def pause_controls(control: ReplayControl) -> Iterator[None]:
+    """Space on a terminal, or SIGUSR1 from anywhere, pauses and resumes the replay."""
+    loop = asyncio.get_running_loop()
+
+    def toggle() -> None:
+        control.toggle()
+        print("paused (space or SIGUSR1 resumes)" if control.paused else "resumed", file=sys.stderr)
+
+    with contextlib.suppress(NotImplementedError, RuntimeError, AttributeError):
+        loop.add_signal_handler(signal.SIGUSR1, toggle)
+    restore: Any = None
+    fd = sys.stdin.fileno() if sys.stdin is not None and sys.stdin.isatty() else None
+    if fd is not None:
+        import termios
+        import tty
+
+        restore = termios.tcgetattr(fd)
+        tty.setcbreak(fd)
+
+        def on_key() -> None:
+            if os.read(fd, 1) == b" ":
+                toggle()
+
+        loop.add_reader(fd, on_key)
+    try:
+        yield
+    finally:
+        if fd is not None:
+            import termios
+
+            loop.remove_reader(fd)
+            termios.tcsetattr(fd, termios.TCSADRAIN, restore)
+        with contextlib.suppress(NotImplementedError, RuntimeError, AttributeError):
+            loop.remove_signal_handler(signal.SIGUSR1)
+
+
+def _ros_link(args: argparse.Namespace) -> RosLink:
+    cfg = load_robot_config(args.config) if args.config else RobotConfig()
+    link = cfg.ros
+    return RosLink(
+        link.domain_id,
+        link.distro,
+        "embodied_bus_player",
+        link.namespace,
+        tuple(args.connect) if args.connect else link.connect,
+        args.host_router or (None if args.connect else link.host_router),
+        link.interfaces,
+    )
+
+
+@contextlib.asynccontextmanager
+async def _ros_target(args: argparse.Namespace, control: ReplayControl) -> AsyncIterator[Any]:
+    from embodied_bus.ros.rmw_bridge import open_rmw_session
+    from embodied_bus.ros.rmw_node import RmwNode
+    from embodied_bus.ros.rmw_replay import RosReplayTarget
+    from embodied_bus.rosmsg.interfaces import Interfaces
+
+    link = _ros_link(args)
+    session = await open_rmw_session(link)
+    node = RmwNode(session, link, Interfaces(link.distro, link.interfaces))
+    target = RosReplayTarget(node, clock_hz=args.clock, rate=args.rate, control=control)
+    stop_clock = asyncio.Event()
+    ticking = asyncio.create_task(target.run_clock(stop_clock))
+    print(
+        f"replay: ROS 2 node {link.node_name} on {link.host_router or ', '.join(link.connect)}",
+        file=sys.stderr,
+    )
+    try:
+        yield target
+    finally:
+        stop_clock.set()
+        await ticking
+        node.close()
+        await asyncio.to_thread(session.close)
+
+
+async def run(args: argparse.Namespace) -> int:
+    if args.clock is not None and not args.ros:
+        raise BusConfigError("--clock publishes ROS 2 /clock: use it with --ros")
+    opts = _options(args)
     stop = asyncio.Event()
     install_stop_signals(stop)
-    progress_cb: Any = None
-    bar: Any = None
-    if sys.stderr.isatty() and not args.json:
-        from rich.progress import BarColumn, Progress, TextColumn, TimeRemainingColumn
-
-        bar = Progress(
-            TextColumn("replay"),
-            BarColumn(),
-            TextColumn("{task.percentage:>3.0f}%"),
-            TextColumn("{task.fields[n]} msgs"),
-            TimeRemainingColumn(),
-            transient=True,
-        )
-        task_id = bar.add_task("replay", total=1.0, n=0)
-
-        def progress_cb(frac: float, n: int) -> None:
-            bar.update(task_id, completed=frac, n=n)
-
-        bar.start()
-    try:
-        async with open_bus(args.bus, namespace=args.ns) as bus, serving_view(bus, args.view):
-            summary = await replay(bus, args.paths, opts, stop=stop, progress=progress_cb)
-    finally:
-        if bar is not None:
-            bar.stop()
+    control = ReplayControl()
+    if args.start_paused:
+        if args.fast:
+            raise BusConfigError("--start-paused pauses a timed replay: not with --fast")
+        control.pause()
+        print("paused (space or SIGUSR1 starts)", file=sys.stderr)
+    summary: ReplaySummary
+    with _progress_bar(sys.stderr.isatty() and not args.json) as progress_cb, pause_controls(control):
+        if args.ros:
+            async with _ros_target(args, control) as target:
+                summary = await replay(
+                    target, args.paths, opts, stop=stop, progress=progress_cb, control=control
+                )
+        else:
+            async with open_bus(args.bus, namespace=args.ns) as bus, serving_view(bus, args.view):
+                summary = await replay(
+                    bus, args.paths, opts, stop=stop, progress=progress_cb, control=control
+                )
     doc = summary.as_dict()
     if args.json:
         print(json.dumps(doc, indent=2))

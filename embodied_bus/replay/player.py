@@ -1,4 +1,5 @@
-"""Replay recordings into the bus with faithful timing (or as fast as possible)."""
+"""Replay recordings into the bus (or another :class:`~embodied_bus.replay.targets.ReplayTarget`)
+with faithful timing, or as fast as possible."""
 
 from __future__ import annotations
 
@@ -19,17 +20,20 @@ import numpy as np
 from embodied_bus.bus import Bus
 from embodied_bus.errors import BusConfigError
 from embodied_bus.model.clock import BucketClock
-from embodied_bus.model.qos import Backpressure, PublisherOptions
 from embodied_bus.replay.reader import (
     RecordedMessage,
     RecordingInfo,
     SkippedTopic,
-    modality_of,
     read_recording,
     recording_info,
-    topic_to_stream,
 )
-from embodied_bus.streams.publisher import Publisher
+from embodied_bus.replay.targets import (
+    BusTarget,
+    ReplayControl,
+    ReplayPublisher,
+    ReplayTarget,
+    TopicNotReplayable,
+)
 
 __all__ = ["SPIN_S", "ReplayOptions", "ReplaySummary", "replay"]
 
@@ -108,33 +112,39 @@ class ReplaySummary:
 
 
 async def replay(
-    bus: Bus,
+    bus: Bus | ReplayTarget,
     paths: Sequence[str | Path],
     options: ReplayOptions | None = None,
     *,
     stop: asyncio.Event | None = None,
     progress: Callable[[float, int], None] | None = None,
+    control: ReplayControl | None = None,
 ) -> ReplaySummary:
-    """Publish the messages of recordings on the bus.
+    """Publish the messages of recordings on the bus (or another target).
 
     Args:
-        bus: Where to publish (one stream per topic, encoding ``cdr:<type>``).
+        bus: Where to publish: a bus (one stream per topic, encoding ``cdr:<type>``) or a
+            :class:`~embodied_bus.replay.targets.ReplayTarget`.
         paths: Recordings (see :func:`read_recording`).
         options: Timing, selection and mapping.
         stop: Set to end early.
         progress: Called with (fraction of the recording done, messages so far).
+        control: Pause and resume a timed replay while it runs.
 
     Returns:
         Counts per topic, skipped topics with reasons, timing errors.
     """
     opts = options or ReplayOptions()
+    target: ReplayTarget = BusTarget(bus) if isinstance(bus, Bus) else bus
     summary = ReplaySummary()
-    pubs: dict[str, Publisher] = {}
+    pubs: dict[str, ReplayPublisher] = {}
     if not opts.fast:  # fast: the reader reports the extent when it opens (one open, not two)
         _plan(summary, opts, recording_info(paths))
         for topic, msgtype in summary.topics.items():  # declare up front: no setup cost on the clock
             if opts.topics is None or topic in opts.topics:
-                pubs[topic] = await _publisher(bus, opts, topic, msgtype, "")
+                pub = await _publisher(target, opts, topic, msgtype, "", summary)
+                if pub is not None:
+                    pubs[topic] = pub
     t_wall0 = time.monotonic()
     # Timed replay shares the GIL with the read-ahead thread: hand it over every 0.5 ms instead
     # of every 5 ms so a message falls due while the reader parses (restored afterwards).
@@ -145,9 +155,9 @@ async def replay(
         while True:
             if opts.fast:
                 loop = asyncio.get_running_loop()
-                await asyncio.to_thread(_fast_pass, bus, loop, paths, opts, summary, pubs, stop, progress)
+                await asyncio.to_thread(_fast_pass, target, loop, paths, opts, summary, pubs, stop, progress)
             else:
-                await _one_pass(bus, paths, opts, summary, pubs, stop, progress)
+                await _one_pass(target, paths, opts, summary, pubs, stop, progress, control)
             if not opts.loop or (stop is not None and stop.is_set()):
                 break
     finally:
@@ -296,15 +306,20 @@ def _batches_ahead(
         th.join(5.0)
 
 
-async def _publisher(bus: Bus, opts: ReplayOptions, topic: str, msgtype: str, frame_id: str) -> Publisher:
-    return await bus.publisher(
-        opts.mapping.get(topic) or topic_to_stream(topic),
-        modality=modality_of(msgtype),
-        encoding=f"cdr:{msgtype}",
-        frame_id=frame_id,
-        clock=opts.clock,
-        options=PublisherOptions(backpressure=Backpressure.BLOCK),
-    )
+async def _publisher(
+    target: ReplayTarget, opts: ReplayOptions, topic: str, msgtype: str, frame_id: str, summary: ReplaySummary
+) -> ReplayPublisher | None:
+    """The topic's publisher; None (and the topic skipped, with the reason) if the target
+    cannot carry it."""
+    if topic in summary.skipped:
+        return None
+    try:
+        return await target.publisher(
+            topic, msgtype, frame_id, stream=opts.mapping.get(topic, ""), clock=opts.clock
+        )
+    except TopicNotReplayable as err:
+        summary.skipped[topic] = str(err)
+        return None
 
 
 def _plan(summary: ReplaySummary, opts: ReplayOptions, info: RecordingInfo) -> None:
@@ -350,12 +365,12 @@ class _Window:
 
 
 def _fast_pass(
-    bus: Bus,
+    target: ReplayTarget,
     loop: asyncio.AbstractEventLoop,
     paths: Sequence[str | Path],
     opts: ReplayOptions,
     summary: ReplaySummary,
-    pubs: dict[str, Publisher],
+    pubs: dict[str, ReplayPublisher],
     stop: asyncio.Event | None,
     progress: Callable[[float, int], None] | None,
 ) -> None:
@@ -370,19 +385,19 @@ def _fast_pass(
         for batch in batches:
             if stop is not None and stop.is_set():
                 return
-            if not _publish_fast(bus, loop, batch, opts, summary, pubs, window, progress):
+            if not _publish_fast(target, loop, batch, opts, summary, pubs, window, progress):
                 return
     finally:
         batches.close()
 
 
 def _publish_fast(
-    bus: Bus,
+    target: ReplayTarget,
     loop: asyncio.AbstractEventLoop,
     batch: list[RecordedMessage | SkippedTopic],
     opts: ReplayOptions,
     summary: ReplaySummary,
-    pubs: dict[str, Publisher],
+    pubs: dict[str, ReplayPublisher],
     window: _Window,
     progress: Callable[[float, int], None] | None,
 ) -> bool:
@@ -401,9 +416,11 @@ def _publish_fast(
         pub = pubs.get(m.topic)
         if pub is None:
             made = asyncio.run_coroutine_threadsafe(
-                _publisher(bus, opts, m.topic, m.msgtype, m.frame_id), loop
-            )
-            pub = pubs[m.topic] = made.result()
+                _publisher(target, opts, m.topic, m.msgtype, m.frame_id, summary), loop
+            ).result()
+            if made is None:
+                continue
+            pub = pubs[m.topic] = made
         stamp, fallback = _sample_stamp(m, opts)
         summary.stamp_fallbacks += fallback
         pub.publish_from_thread(m.cdr, stamp_ns=stamp, frame_id=m.frame_id, stamp_fallback=fallback)
@@ -415,30 +432,32 @@ def _publish_fast(
 
 
 async def _one_pass(
-    bus: Bus,
+    target: ReplayTarget,
     paths: Sequence[str | Path],
     opts: ReplayOptions,
     summary: ReplaySummary,
-    pubs: dict[str, Publisher],
+    pubs: dict[str, ReplayPublisher],
     stop: asyncio.Event | None,
     progress: Callable[[float, int], None] | None,
+    control: ReplayControl | None,
 ) -> None:
     window = _Window(opts, summary)
     # closed here when the window ends early (not whenever the collector finalizes it): the
     # reader thread then stops at once
     async with contextlib.aclosing(_read_ahead(paths, opts.topics, opts)) as items:
-        await _timed(items, bus, opts, summary, pubs, stop, progress, window)
+        await _timed(items, target, opts, summary, pubs, stop, progress, window, control)
 
 
 async def _timed(
     items: AsyncIterator[RecordedMessage | SkippedTopic],
-    bus: Bus,
+    target: ReplayTarget,
     opts: ReplayOptions,
     summary: ReplaySummary,
-    pubs: dict[str, Publisher],
+    pubs: dict[str, ReplayPublisher],
     stop: asyncio.Event | None,
     progress: Callable[[float, int], None] | None,
     window: _Window,
+    control: ReplayControl | None,
 ) -> None:
     """The body of :func:`_one_pass`: each message published when it falls due."""
     t0 = 0.0
@@ -459,18 +478,46 @@ async def _timed(
             continue
         pub = pubs.get(m.topic)
         if pub is None:
-            pub = pubs[m.topic] = await _publisher(bus, opts, m.topic, m.msgtype, m.frame_id)
+            made = await _publisher(target, opts, m.topic, m.msgtype, m.frame_id, summary)
+            if made is None:
+                continue
+            pub = pubs[m.topic] = made
         due = t0 + rel / 1e9 / opts.rate  # the timed pass (--fast has its own)
-        delay = due - time.monotonic()
-        if delay > SPIN_S:
-            await asyncio.sleep(delay - SPIN_S)
-        while time.monotonic() < due:
-            pass
+        if control is not None:
+            t0, due = await _wait_paused(control, t0, due)
+        else:
+            await _sleep_until(due)
         summary.timing_errors_ms.append((time.monotonic() - due) * 1e3)
         stamp, fallback = _sample_stamp(m, opts)
         summary.stamp_fallbacks += fallback
         await pub.publish(m.cdr, stamp_ns=stamp, frame_id=m.frame_id, stamp_fallback=fallback)
+        target.played(m.log_time_ns)
         summary.messages[m.topic] += 1
         if progress is not None:
             done = rel / 1e9 / summary.planned_s if summary.planned_s > 0 else 1.0
             progress(min(1.0, done), sum(summary.messages.values()))
+
+
+async def _sleep_until(due: float) -> None:
+    """Sleep, then spin the last :data:`SPIN_S`."""
+    delay = due - time.monotonic()
+    if delay > SPIN_S:
+        await asyncio.sleep(delay - SPIN_S)
+    while time.monotonic() < due:
+        pass
+
+
+#: While a pausable replay sleeps, it looks at its control this often (seconds).
+PAUSE_POLL_S = 0.05
+
+
+async def _wait_paused(control: ReplayControl, t0: float, due: float) -> tuple[float, float]:
+    """Sleep until ``due``; time spent paused moves the replay clock (``t0``) and ``due`` on."""
+    while True:
+        shift = await control.wait_running()
+        t0, due = t0 + shift, due + shift
+        delay = due - time.monotonic()
+        if delay <= PAUSE_POLL_S + SPIN_S:
+            await _sleep_until(due)
+            return t0, due
+        await asyncio.sleep(PAUSE_POLL_S)
