@@ -5,6 +5,8 @@ own process by the interoperability tests: it imports nothing of embodied_bus.
     python ros_z_peer.py listen --connect EP --topic T --type T --count N --timeout-s S
     python ros_z_peer.py graph --connect EP --topic T --timeout-s S  wait until T has a publisher
     python ros_z_peer.py clock --connect EP --count N --timeout-s S   receive /clock
+    python ros_z_peer.py flood --connect EP --topic T --size B --count N --rate HZ   publish clouds
+    python ros_z_peer.py sink --connect EP --topic T --count N --timeout-s S        receive clouds
 
 Each prints one JSON line with what it saw.
 """
@@ -184,10 +186,68 @@ def clock(args: argparse.Namespace) -> dict[str, Any]:
     return {"received": len(times), "clock_ns": times}
 
 
+def flood(args: argparse.Namespace) -> dict[str, Any]:
+    """Publish ``count`` PointCloud2 of ``size`` data bytes at ``rate`` Hz (0: as fast as it
+    can), each stamped with the wall clock as it is sent."""
+    ctx, node = _node(args.connect, "ros_z_flood", args.domain_id)
+    pub = node.create_publisher(args.topic, sensor_msgs.PointCloud2)
+    points = max(1, args.size // 12)
+    template = _cloud(0, points)
+    time.sleep(args.settle_s)  # discovery: the subscriber matches
+    t0 = time.monotonic()
+    for i in range(args.count):
+        if args.rate > 0:
+            delay = t0 + i / args.rate - time.monotonic()
+            if delay > 0:
+                time.sleep(delay)
+        now = time.time_ns()
+        header = _header(now, "lidar")
+        pub.publish(msgspec.structs.replace(template, header=header))
+    elapsed = time.monotonic() - t0
+    time.sleep(0.5)  # let the last ones leave before the session closes
+    ctx.shutdown()
+    return {"published": args.count, "elapsed_s": round(elapsed, 4)}
+
+
+def sink(args: argparse.Namespace) -> dict[str, Any]:
+    """Receive PointCloud2 until ``count`` arrived or none came for ``idle_s``; the rate and
+    the latency from each header stamp (same machine, same clock)."""
+    ctx, node = _node(args.connect, "ros_z_sink", args.domain_id)
+    sub = node.create_subscriber(args.topic, sensor_msgs.PointCloud2)
+    print(json.dumps({"ready": True}), flush=True)
+    latencies_ns: list[int] = []
+    first = last = 0.0
+    deadline = time.monotonic() + args.timeout_s
+    while len(latencies_ns) < args.count and time.monotonic() < deadline:
+        msg = sub.recv(timeout=args.idle_s if latencies_ns else max(0.01, deadline - time.monotonic()))
+        if msg is None:
+            if latencies_ns:
+                break  # idle: the flood is over
+            continue
+        now = time.time_ns()
+        last = time.monotonic()
+        first = first or last
+        stamp = msg.header.stamp
+        latencies_ns.append(now - (stamp.sec * 1_000_000_000 + stamp.nanosec))
+    ctx.shutdown()
+    latencies_ns.sort()
+
+    def pct(q: float) -> float | None:
+        return round(latencies_ns[int(q * (len(latencies_ns) - 1))] / 1e6, 4) if latencies_ns else None
+
+    n = len(latencies_ns)
+    return {
+        "received": n,
+        "rate_hz": round((n - 1) / (last - first), 1) if n > 1 and last > first else None,
+        "latency_p50_ms": pct(0.5),
+        "latency_p99_ms": pct(0.99),
+    }
+
+
 def main() -> int:
     p = argparse.ArgumentParser()
     sub = p.add_subparsers(dest="cmd", required=True)
-    for name in ("sensors", "listen", "graph", "clock"):
+    for name in ("sensors", "listen", "graph", "clock", "flood", "sink"):
         s = sub.add_parser(name)
         s.add_argument("--connect", required=True)
         s.add_argument("--domain-id", type=int, default=0)
@@ -199,8 +259,22 @@ def main() -> int:
     sub.choices["listen"].add_argument("--count", type=int, default=1)
     sub.choices["graph"].add_argument("--topic", required=True)
     sub.choices["clock"].add_argument("--count", type=int, default=1)
+    for name in ("flood", "sink"):
+        sub.choices[name].add_argument("--topic", required=True)
+        sub.choices[name].add_argument("--count", type=int, default=1000)
+    sub.choices["flood"].add_argument("--size", type=int, default=1024)
+    sub.choices["flood"].add_argument("--rate", type=float, default=0.0)
+    sub.choices["flood"].add_argument("--settle-s", type=float, default=1.0)
+    sub.choices["sink"].add_argument("--idle-s", type=float, default=2.0)
     args = p.parse_args()
-    run = {"sensors": sensors, "listen": listen, "graph": graph, "clock": clock}[args.cmd]
+    run = {
+        "sensors": sensors,
+        "listen": listen,
+        "graph": graph,
+        "clock": clock,
+        "flood": flood,
+        "sink": sink,
+    }[args.cmd]
     print(json.dumps(run(args)), flush=True)
     return 0
 
