@@ -5,6 +5,7 @@ own process by the interoperability tests: it imports nothing of embodied_bus.
     python ros_z_peer.py listen --connect EP --topic T --type T --count N --timeout-s S
     python ros_z_peer.py graph --connect EP --topic T --timeout-s S  wait until T has a publisher
     python ros_z_peer.py clock --connect EP --count N --timeout-s S   receive /clock
+    python ros_z_peer.py pub --connect EP --topic T --type T --count N --rate HZ [--qos Q]   publish
     python ros_z_peer.py flood --connect EP --topic T --size B --count N --rate HZ   publish clouds
     python ros_z_peer.py sink --connect EP --topic T --count N --timeout-s S        receive clouds
 
@@ -38,7 +39,7 @@ class Clock(msgspec.Struct, frozen=True, kw_only=True):
     __hash__: ClassVar[str] = "RIHS01_692f7a66e93a3c83e71765d033b60349ba68023a8c689a79e48078bcb5c58564"
 
 
-def _node(connect: str, name: str, domain_id: int = 0) -> Any:
+def _node(connect: str, name: str, domain_id: int = 0, namespace: str = "") -> Any:
     ctx = (
         rz.ZContextBuilder()
         .with_domain_id(domain_id)
@@ -47,7 +48,10 @@ def _node(connect: str, name: str, domain_id: int = 0) -> Any:
         .with_connect_endpoints([connect])
         .build()
     )
-    return ctx, ctx.create_node(name).build()
+    builder = ctx.create_node(name)
+    if namespace:
+        builder = builder.with_namespace(namespace)
+    return ctx, builder.build()
 
 
 def _header(stamp_ns: int, frame_id: str) -> Any:
@@ -112,6 +116,69 @@ SENSORS = (
 )
 
 
+def _raw_image(stamp_ns: int) -> Any:
+    return sensor_msgs.Image(
+        header=_header(stamp_ns, "camera"), height=48, width=64, encoding="rgb8", step=192, data=bytes(9216)
+    )
+
+
+def _scan(stamp_ns: int) -> Any:
+    return sensor_msgs.LaserScan(
+        header=_header(stamp_ns, "laser"),
+        angle_min=-1.5,
+        angle_max=1.5,
+        angle_increment=0.01,
+        range_min=0.1,
+        range_max=30.0,
+        ranges=[1.0] * 300,
+        intensities=[],
+    )
+
+
+#: Message makers for ``pub`` by type (PointCloud2 takes --size bytes of points).
+MAKERS = {
+    "sensor_msgs/msg/PointCloud2": None,
+    "sensor_msgs/msg/Image": _raw_image,
+    "sensor_msgs/msg/CompressedImage": _image,
+    "sensor_msgs/msg/NavSatFix": _fix,
+    "sensor_msgs/msg/Imu": _imu,
+    "sensor_msgs/msg/LaserScan": _scan,
+}
+
+
+def _qos(name: str) -> Any:
+    """``sensor_data``, ``default``, ``reliable`` or ``latched`` (reliable, transient local, depth 1)."""
+    if name == "sensor_data":
+        return rz.QOS_SENSOR_DATA
+    if name == "latched":
+        return rz.QosProfile(reliability="reliable", durability="transient_local", depth=1)
+    if name == "reliable_1000":
+        return rz.QosProfile(reliability="reliable", history="keep_last", depth=1000)
+    return rz.QOS_DEFAULT
+
+
+def pub(args: argparse.Namespace) -> dict[str, Any]:
+    """Publish ``count`` messages of a sensor type at ``rate`` Hz with a QoS, header stamps
+    from the wall clock; then stay ``linger_s`` (a latched publisher serves late joiners)."""
+    ctx, node = _node(args.connect, args.node, args.domain_id, args.namespace)
+    module, _, name = args.type.partition("/msg/")
+    publisher = node.create_publisher(args.topic, getattr(getattr(rz, module), name), qos=_qos(args.qos))
+    make = MAKERS[args.type] or (lambda t: _cloud(t, max(1, args.size // 12)))
+    time.sleep(args.settle_s)
+    stamps: list[int] = []
+    t0 = time.monotonic()
+    for i in range(args.count):
+        delay = t0 + i / args.rate - time.monotonic()
+        if delay > 0:
+            time.sleep(delay)
+        stamp = time.time_ns()
+        publisher.publish(make(stamp))
+        stamps.append(stamp)
+    time.sleep(args.linger_s)
+    ctx.shutdown()
+    return {"published": len(stamps), "stamps_ns": stamps}
+
+
 def sensors(args: argparse.Namespace) -> dict[str, Any]:
     """Publish every sensor at its rate, stamped with the wall clock, for ``duration_s``."""
     ctx, node = _node(args.connect, "ros_z_sensors", args.domain_id)
@@ -137,9 +204,10 @@ def listen(args: argparse.Namespace) -> dict[str, Any]:
     ctx, node = _node(args.connect, "ros_z_listener", args.domain_id)
     module, _, name = args.type.partition("/msg/")
     cls = getattr(getattr(rz, module), name)
-    sub = node.create_subscriber(args.topic, cls)
+    sub = node.create_subscriber(args.topic, cls, qos=_qos(args.qos))
     print(json.dumps({"ready": True}), flush=True)
     stamps: list[int] = []
+    sizes: list[int] = []
     deadline = time.monotonic() + args.timeout_s
     while len(stamps) < args.count and time.monotonic() < deadline:
         msg = sub.recv(timeout=max(0.01, deadline - time.monotonic()))
@@ -148,8 +216,9 @@ def listen(args: argparse.Namespace) -> dict[str, Any]:
         header = getattr(msg, "header", None)
         stamp = header.stamp if header is not None else None
         stamps.append(stamp.sec * 1_000_000_000 + stamp.nanosec if stamp is not None else 0)
+        sizes.append(len(getattr(msg, "data", b"") or getattr(msg, "ranges", [])))
     ctx.shutdown()
-    return {"received": len(stamps), "stamps_ns": stamps}
+    return {"received": len(stamps), "stamps_ns": stamps, "sizes": sizes}
 
 
 def graph(args: argparse.Namespace) -> dict[str, Any]:
@@ -247,7 +316,7 @@ def sink(args: argparse.Namespace) -> dict[str, Any]:
 def main() -> int:
     p = argparse.ArgumentParser()
     sub = p.add_subparsers(dest="cmd", required=True)
-    for name in ("sensors", "listen", "graph", "clock", "flood", "sink"):
+    for name in ("sensors", "listen", "graph", "clock", "flood", "sink", "pub"):
         s = sub.add_parser(name)
         s.add_argument("--connect", required=True)
         s.add_argument("--domain-id", type=int, default=0)
@@ -257,6 +326,18 @@ def main() -> int:
     sub.choices["listen"].add_argument("--topic", required=True)
     sub.choices["listen"].add_argument("--type", required=True)
     sub.choices["listen"].add_argument("--count", type=int, default=1)
+    sub.choices["listen"].add_argument("--qos", default="default")
+    pa = sub.choices["pub"]
+    pa.add_argument("--topic", required=True)
+    pa.add_argument("--type", required=True, choices=sorted(MAKERS))
+    pa.add_argument("--count", type=int, default=10)
+    pa.add_argument("--rate", type=float, default=10.0)
+    pa.add_argument("--qos", default="default")
+    pa.add_argument("--size", type=int, default=12000)
+    pa.add_argument("--settle-s", type=float, default=1.0)
+    pa.add_argument("--linger-s", type=float, default=0.5)
+    pa.add_argument("--node", default="ros_z_pub")
+    pa.add_argument("--namespace", default="")
     sub.choices["graph"].add_argument("--topic", required=True)
     sub.choices["clock"].add_argument("--count", type=int, default=1)
     for name in ("flood", "sink"):
@@ -274,6 +355,7 @@ def main() -> int:
         "clock": clock,
         "flood": flood,
         "sink": sink,
+        "pub": pub,
     }[args.cmd]
     print(json.dumps(run(args)), flush=True)
     return 0

@@ -67,10 +67,12 @@ _STRING_TYPE = "std_msgs/msg/String"
 
 
 def rmw_session_config(link: RosLink) -> zenoh.Config:
-    """A Zenoh session configured like rmw_zenoh's defaults: multicast scouting off; a peer that
-    connects to the robot's router, or (``host_router``) the router itself."""
+    """A Zenoh session configured like rmw_zenoh's defaults: multicast scouting off, timestamping
+    on; a peer that connects to the robot's router, or (``host_router``) the router itself."""
     conf = zenoh.Config()
     conf.insert_json5("scouting/multicast/enabled", "false")
+    # as rmw_zenoh's session config: samples are timestamped (transient-local caches need it)
+    conf.insert_json5("timestamping/enabled", "true")
     if link.host_router:
         conf.insert_json5("mode", '"router"')
         conf.insert_json5("listen/endpoints", json.dumps([link.host_router]))

@@ -14,11 +14,13 @@ from collections.abc import Callable
 from typing import Any
 
 import zenoh
+import zenoh.ext
 
 from embodied_bus.ros.config import RosLink
 from embodied_bus.rosmsg.interfaces import Interfaces
 from embodied_bus.rosmsg.rmw_zenoh import (
     DEFAULT_QOS,
+    Durability,
     EntityKind,
     QosProfile,
     Reliability,
@@ -30,6 +32,9 @@ from embodied_bus.rosmsg.rmw_zenoh import (
     topic_key,
     unpack_attachment,
 )
+
+#: rmw_zenoh's depth when a profile says 0.
+DEFAULT_DEPTH = 42
 
 __all__ = ["RmwNode", "RosClient", "RosPublisher", "ServiceUnavailable", "reply"]
 
@@ -49,13 +54,27 @@ class RosPublisher:
         self.token_key = node.entity_token(EntityKind.PUBLISHER, topic, ros_type, hash_, qos)
         self.gid = gid_of(self.token_key)
         self.seq = 0
-        self._pub = node.session.declare_publisher(
-            self.key,
-            congestion_control=zenoh.CongestionControl.DROP,
-            reliability=zenoh.Reliability.BEST_EFFORT
-            if qos.reliability is Reliability.BEST_EFFORT
-            else zenoh.Reliability.RELIABLE,
-        )
+        reliable = qos.reliability is Reliability.RELIABLE
+        reliability = zenoh.Reliability.RELIABLE if reliable else zenoh.Reliability.BEST_EFFORT
+        self._pub: Any
+        if qos.durability is Durability.TRANSIENT_LOCAL:
+            # as rmw_zenoh: the last ``depth`` samples are kept for late subscribers, which
+            # find this publisher by its detection token and query them
+            self._pub = zenoh.ext.declare_advanced_publisher(
+                node.session,
+                self.key,
+                congestion_control=zenoh.CongestionControl.DROP,
+                reliability=reliability,
+                cache=zenoh.ext.CacheConfig(qos.depth or DEFAULT_DEPTH),
+                publisher_detection=True,
+                sample_miss_detection=zenoh.ext.MissDetectionConfig(heartbeat=None, sporadic_heartbeat=0.5)
+                if reliable
+                else None,
+            )
+        else:
+            self._pub = node.session.declare_publisher(
+                self.key, congestion_control=zenoh.CongestionControl.DROP, reliability=reliability
+            )
         self._token = node.session.liveliness().declare_token(self.token_key)
 
     def put(self, cdr: bytes | memoryview) -> None:
@@ -194,9 +213,29 @@ class RmwNode:
     ) -> None:
         """A subscriber on a ROS topic (``on_sample`` runs on a Zenoh thread)."""
         hash_ = self.interfaces.hash(ros_type)
-        self.keep(
-            self.session.declare_subscriber(topic_key(self.link.domain_id, topic, ros_type, hash_), on_sample)
-        )
+        key = topic_key(self.link.domain_id, topic, ros_type, hash_)
+        if qos.durability is Durability.TRANSIENT_LOCAL:
+            # as rmw_zenoh: ask late-detected publishers for their cached samples
+            recovery = (
+                zenoh.ext.RecoveryConfig(periodic_queries=None, heartbeat=True)
+                if qos.reliability is Reliability.RELIABLE
+                else None
+            )
+            history = zenoh.ext.HistoryConfig(
+                detect_late_publishers=True, max_samples=qos.depth or DEFAULT_DEPTH
+            )
+            self.keep(
+                zenoh.ext.declare_advanced_subscriber(
+                    self.session,
+                    key,
+                    on_sample,
+                    history=history,
+                    recovery=recovery,
+                    subscriber_detection=True,
+                )
+            )
+        else:
+            self.keep(self.session.declare_subscriber(key, on_sample))
         self.keep(
             self.session.liveliness().declare_token(
                 self.entity_token(EntityKind.SUBSCRIPTION, topic, ros_type, hash_, qos)
