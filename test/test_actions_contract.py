@@ -181,6 +181,23 @@ async def test_a_failed_action_is_retried_on_another_executor_and_resumes_its_ch
     assert "wheel slipped" in first.reason and second.executor != first.executor
 
 
+async def test_a_retry_is_not_held_back_by_a_live_executor_that_runs_other_kinds(rig: Rig) -> None:
+    async def first_try_fails(action: Action, ctx):  # type: ignore[no-untyped-def]
+        if ctx.attempt == 1:
+            raise RuntimeError("wheel slipped")
+        return {"attempt": ctx.attempt}
+
+    async def dock(action: Action, ctx):  # type: ignore[no-untyped-def]
+        return {}
+
+    await rig.executor("drives", navigate_to=first_try_fails)
+    await rig.executor("docks", dock=dock)  # alive, but cannot run navigate_to
+    await rig.executors_up(2)
+    done = await (await rig.planner.submit("navigate_to", {"x": 1})).result(timeout_s=10)
+    assert done.status is ActionStatus.SUCCEEDED and done.result == {"attempt": 2}
+    assert [a.executor for a in done.attempts] == ["drives", "drives"]
+
+
 async def test_a_poison_action_lands_in_the_dead_letter_queue_with_its_history(rig: Rig) -> None:
     async def boom(action: Action, ctx):  # type: ignore[no-untyped-def]
         raise ValueError("cannot parse target")

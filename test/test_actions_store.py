@@ -48,13 +48,26 @@ def test_the_same_idempotency_key_yields_the_same_action(store: ActionStore) -> 
 
 def test_a_nacked_action_is_retried_after_backoff_on_another_executor(store: ActionStore) -> None:
     a, _ = store.submit(Action("pick"), now_ns=0)
-    assert store.lease("ex1", ["pick"], live_executors=["ex2"], now_ns=0).id == a.id  # type: ignore[union-attr]
+    assert store.lease("ex1", ["pick"], live_executors={"ex2": ["pick"]}, now_ns=0).id == a.id  # type: ignore[union-attr]
     store.nack(a.id, "ex1", "gripper slipped", now_ns=1 * S)
     assert store.get(a.id).status is ActionStatus.RETRYING  # type: ignore[union-attr]
-    assert store.lease("ex2", ["pick"], live_executors=["ex1"], now_ns=int(1.5 * S)) is None  # backoff 1 s
-    assert store.lease("ex1", ["pick"], live_executors=["ex2"], now_ns=3 * S) is None  # ex1 failed it
-    again = store.lease("ex2", ["pick"], live_executors=["ex1"], now_ns=3 * S)
+    assert (
+        store.lease("ex2", ["pick"], live_executors={"ex1": ["pick"]}, now_ns=int(1.5 * S)) is None
+    )  # backoff 1 s
+    assert (
+        store.lease("ex1", ["pick"], live_executors={"ex2": ["pick"]}, now_ns=3 * S) is None
+    )  # ex1 failed it
+    again = store.lease("ex2", ["pick"], live_executors={"ex1": ["pick"]}, now_ns=3 * S)
     assert again is not None and again.attempt_count == 2 and again.attempts[0].reason == "gripper slipped"
+
+
+def test_a_live_executor_of_other_kinds_does_not_hold_a_retry_back(store: ActionStore) -> None:
+    a, _ = store.submit(Action("pick"), now_ns=0)
+    assert store.lease("ex1", ["pick"], live_executors={"ex2": ["place"]}, now_ns=0).id == a.id  # type: ignore[union-attr]
+    store.nack(a.id, "ex1", "gripper slipped", now_ns=1 * S)
+    # ex2 is alive but cannot run "pick": the retry goes back to ex1, the only one that can
+    again = store.lease("ex1", ["pick"], live_executors={"ex2": ["place"]}, now_ns=3 * S)
+    assert again is not None and again.attempt_count == 2
 
 
 def test_the_failed_executor_retries_when_it_is_the_only_one_alive(store: ActionStore) -> None:
@@ -103,7 +116,7 @@ def test_a_lost_lease_counts_an_attempt_and_hands_over_with_the_checkpoint(store
     assert store.release_lost(now_ns=8 * S) == []  # extended: still held
     lost = store.release_lost(now_ns=20 * S)
     assert [x.id for x in lost] == [a.id] and lost[0].attempts[0].outcome == "lost"
-    again = store.lease("ex2", ["navigate_to"], live_executors=["ex1"], now_ns=30 * S)
+    again = store.lease("ex2", ["navigate_to"], live_executors={"ex1": ["navigate_to"]}, now_ns=30 * S)
     assert again is not None and again.checkpoint == {"waypoint": 3} and again.attempt_count == 2
     with pytest.raises(ActionError, match="does not hold a lease"):
         store.ack(a.id, "ex1")  # the old executor came back too late

@@ -311,3 +311,57 @@ def test_offers_and_interface_directories_come_from_the_robot_yaml(tmp_path: Pat
     assert cfg.actions[0].timeout_s == 9
     with pytest.raises(RobotConfigError, match=r"actions.offer.patrol.type: .* is not an action type"):
         robot_config_from_dict({"actions": {"offer": {"patrol": {"action": "/p", "type": "a/msg/B"}}}})
+
+
+async def test_a_goal_past_the_routes_timeout_is_canceled_on_the_ros_z_server_and_retried(
+    tmp_path: Path,
+) -> None:
+    _need_binaries()
+    async with rig(tmp_path, "act4") as r:
+        server = Peer(str(SERVER), r.endpoint)
+        try:
+            await server.wait_line("action server started")
+            cfg = robot_config_from_dict(
+                {
+                    "ros": {"connect": [r.endpoint], "node_name": "queue_executor"},
+                    "actions": {
+                        "routes": {"fibonacci": {"action": "/fibonacci", "type": FIBONACCI, "timeout_s": 1.5}}
+                    },
+                }
+            )
+            async with RmwZenohBridge(r.bus, cfg, planner=r.planner):
+                done = await (await r.planner.submit("fibonacci", {"order": 40})).result(timeout_s=40)
+            assert done.status is ActionStatus.DEAD and len(done.attempts) == 3
+            assert all("no result within 1.5 s" in (a.reason or "") for a in done.attempts)
+            await server.wait_line("Goal canceled!", 10)
+        finally:
+            server.kill()
+
+
+async def test_an_aborted_goal_nacks_and_is_retried_until_the_queue_gives_up(tmp_path: Path) -> None:
+    """The route's server here is the bridge's own offer of another kind (a peer speaking the
+    same wire format): its goals abort, as ros-z's demo server's never do."""
+    async with rig(tmp_path, "act5") as r:
+
+        async def refuse(action: Action, ctx: Any) -> Any:
+            raise PermanentFailure(f"cannot reach order {action.payload['order']}")
+
+        executor = Executor(r.bus, "inner-executor")
+        executor.handler("inner")(refuse)
+        running = asyncio.create_task(executor.run(r.stop))
+        cfg = robot_config_from_dict(
+            {
+                "ros": {"connect": [r.endpoint], "node_name": "both_ways"},
+                "actions": {
+                    "offer": {"inner": {"action": "/inner", "type": FIBONACCI}},
+                    "routes": {"outer": {"action": "/inner", "type": FIBONACCI, "timeout_s": 20}},
+                },
+            }
+        )
+        async with RmwZenohBridge(r.bus, cfg, planner=r.planner) as bridge:
+            assert bridge.problems == []
+            done = await (await r.planner.submit("outer", {"order": 5})).result(timeout_s=40)
+        r.stop.set()
+        await asyncio.gather(running, return_exceptions=True)
+    assert done.status is ActionStatus.DEAD and len(done.attempts) == 3  # nacked, retried, given up
+    assert all("goal status 6 (retry)" in (a.reason or "") for a in done.attempts), done.attempts

@@ -109,6 +109,8 @@ class QueueCore:
         self.lock = threading.Lock()
         #: Live executors: name -> session.
         self.live: dict[str, str] = {}
+        #: The kinds each live executor runs (from its announcement).
+        self.live_kinds: dict[str, frozenset[str]] = {}
         self._idle: dict[str, _Idle] = {}
         self._pushed_since: dict[str, int] = {}
         self.closed = False
@@ -214,10 +216,12 @@ class QueueCore:
                 self.refused += 1
                 return
             if joined:
+                self.live_kinds[member] = frozenset(ann.kinds) if ann is not None else frozenset()
                 self._joined(member, session)
                 return
             if self.live.get(member) == session:
                 del self.live[member]
+                self.live_kinds.pop(member, None)
             self._idle.pop(member, None)
             self._pushed_since.pop(member, None)
             if self.loss_grace_s > 0:  # released by the sweep, unless it comes back
@@ -374,7 +378,7 @@ class QueueCore:
                 session=req.executor.session,
                 labels=req.labels,
                 lease_s=self.lease_s,
-                live_executors=self.live,
+                live_executors=self.live_kinds,
             )
             if free > 0
             else []
@@ -404,7 +408,7 @@ class QueueCore:
                 session=idle.take.executor.session,
                 labels=idle.take.labels,
                 lease_s=self.lease_s,
-                live_executors=self.live,
+                live_executors=self.live_kinds,
             )
             if len(leased) < idle.free:
                 done.update(wanted)  # it took all it could see: nothing of these kinds is left

@@ -10,7 +10,7 @@ length, or until the executor leaves its group.
 from __future__ import annotations
 
 import time
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
@@ -181,7 +181,7 @@ class ActionStore:
         session: str = "",
         labels: Mapping[str, str] | None = None,
         lease_s: float = 10.0,
-        live_executors: Iterable[str] = (),
+        live_executors: Mapping[str, Collection[str]] | None = None,
         now_ns: int | None = None,
     ) -> Action | None:
         """Hand the most urgent ready action of these kinds to ``executor`` (or None); see
@@ -207,21 +207,21 @@ class ActionStore:
         session: str = "",
         labels: Mapping[str, str] | None = None,
         lease_s: float = 10.0,
-        live_executors: Iterable[str] = (),
+        live_executors: Mapping[str, Collection[str]] | None = None,
         now_ns: int | None = None,
     ) -> list[Action]:
         """Up to ``max_actions`` of the most urgent ready actions, in one transaction.
 
         Actions past their deadline are dead-lettered as expired on the way. An action this
-        executor already failed is skipped while another live executor that has not could
-        take it.
+        executor already failed is skipped while another live executor that runs its kind
+        (``live_executors``: name → the kinds it runs) and has not failed it could take it.
         """
         now = now_ns if now_ns is not None else _now()
         kinds = list(kinds)
         if not kinds or max_actions < 1:
             return []
         labels = dict(labels or {})
-        live = set(live_executors) | {executor}
+        live = dict(live_executors or {})
         marks = ",".join("?" * len(kinds))
         chosen: list[Action] = []
         updates: list[tuple[Any, ...]] = []
@@ -241,7 +241,7 @@ class ActionStore:
                     labels=labels,
                     policy=self.policy,
                     holder_gone=lambda _attempt: True,  # waiting actions hold no open attempt
-                    others_fresh=lambda act: bool(live - act.executors_tried() - {executor}),
+                    others_fresh=lambda act: _others_fresh(act, executor, live),
                     now=now,
                 )
                 if verdict is Admission.START:
@@ -582,3 +582,9 @@ class ActionStore:
             str(k): int(v)
             for k, v in self.table.db.execute("SELECT status, COUNT(*) FROM actions GROUP BY status")
         }
+
+
+def _others_fresh(a: Action, executor: str, live: Mapping[str, Collection[str]]) -> bool:
+    """Whether a live executor other than ``executor`` runs ``a``'s kind and has not failed it."""
+    tried = a.executors_tried()
+    return any(name != executor and name not in tried and a.kind in kinds for name, kinds in live.items())

@@ -53,7 +53,7 @@ from embodied_bus.ros.bridge_core import (
 )
 from embodied_bus.ros.config import FrameRoute, RobotConfig, RosLink, TopicRoute
 from embodied_bus.ros.rmw_actions import QueueActionServer, RosActionClient, route_handler
-from embodied_bus.ros.rmw_node import RmwNode, RosPublisher
+from embodied_bus.ros.rmw_node import LoopHandoff, RmwNode, RosPublisher
 from embodied_bus.rosmsg.interfaces import Interfaces
 from embodied_bus.rosmsg.rmw_zenoh import DEFAULT_QOS, QosProfile, RmwZenohError, unpack_attachment
 from embodied_bus.rosmsg.types import modality_of
@@ -243,6 +243,7 @@ class RmwZenohBridge:
         loop = self._loop
         assert loop is not None and self.node is not None
         distro = self.config.ros.distro
+        handoff = LoopHandoff(loop, lambda item: self._publish_in(route, pub, *item))
 
         def on_sample(sample: zenoh.Sample) -> None:
             att = sample.attachment
@@ -262,7 +263,7 @@ class RmwZenohBridge:
                 stamp, frame_id = hdr
                 if stamp == 0:
                     stamp, fallback = a.source_timestamp_ns or time.time_ns(), True
-            loop.call_soon_threadsafe(self._publish_in, route, pub, payload, stamp, frame_id, fallback)
+            handoff.put((payload, stamp, frame_id, fallback))
 
         self.node.subscribe(route.topic, route.ros_type, route.qos, on_sample)
 

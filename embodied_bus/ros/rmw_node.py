@@ -9,7 +9,9 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import threading
 import time
+from collections import deque
 from collections.abc import Callable
 from typing import Any
 
@@ -36,7 +38,35 @@ from embodied_bus.rosmsg.rmw_zenoh import (
 #: rmw_zenoh's depth when a profile says 0.
 DEFAULT_DEPTH = 42
 
-__all__ = ["RmwNode", "RosClient", "RosPublisher", "ServiceUnavailable", "reply"]
+__all__ = ["LoopHandoff", "RmwNode", "RosClient", "RosPublisher", "ServiceUnavailable", "reply"]
+
+
+class LoopHandoff:
+    """Items from Zenoh's threads to the event loop with one wake-up per burst, not per item
+    (waking the loop costs more than handling a small message)."""
+
+    def __init__(self, loop: asyncio.AbstractEventLoop, handle: Callable[[Any], None]) -> None:
+        self._loop = loop
+        self._handle = handle
+        self._items: deque[Any] = deque()
+        self._lock = threading.Lock()
+        self._scheduled = False
+
+    def put(self, item: Any) -> None:
+        """Queue ``item`` (any thread); the loop handles it soon, in order."""
+        self._items.append(item)
+        with self._lock:
+            if self._scheduled:
+                return
+            self._scheduled = True
+        self._loop.call_soon_threadsafe(self._drain)
+
+    def _drain(self) -> None:
+        with self._lock:
+            self._scheduled = False
+        items = self._items
+        while items:
+            self._handle(items.popleft())
 
 
 class ServiceUnavailable(RmwZenohError):
