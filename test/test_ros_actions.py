@@ -166,12 +166,12 @@ class Peer:
         self.proc.wait()
 
 
-def _route_config(endpoint: str) -> Any:
+def _route_config(endpoint: str, timeout_s: float = 60) -> Any:
     return robot_config_from_dict(
         {
             "ros": {"connect": [endpoint], "node_name": "queue_executor"},
             "actions": {
-                "routes": {"fibonacci": {"action": "/fibonacci", "type": FIBONACCI, "timeout_s": 60}}
+                "routes": {"fibonacci": {"action": "/fibonacci", "type": FIBONACCI, "timeout_s": timeout_s}}
             },
         }
     )
@@ -321,15 +321,7 @@ async def test_a_goal_past_the_routes_timeout_is_canceled_on_the_ros_z_server_an
         server = Peer(str(SERVER), r.endpoint)
         try:
             await server.wait_line("action server started")
-            cfg = robot_config_from_dict(
-                {
-                    "ros": {"connect": [r.endpoint], "node_name": "queue_executor"},
-                    "actions": {
-                        "routes": {"fibonacci": {"action": "/fibonacci", "type": FIBONACCI, "timeout_s": 1.5}}
-                    },
-                }
-            )
-            async with RmwZenohBridge(r.bus, cfg, planner=r.planner):
+            async with RmwZenohBridge(r.bus, _route_config(r.endpoint, timeout_s=1.5), planner=r.planner):
                 done = await (await r.planner.submit("fibonacci", {"order": 40})).result(timeout_s=40)
             assert done.status is ActionStatus.DEAD and len(done.attempts) == 3
             assert all("no result within 1.5 s" in (a.reason or "") for a in done.attempts)

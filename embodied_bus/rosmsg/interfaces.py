@@ -231,6 +231,20 @@ class Interfaces:
     def _service_types(self, name: str) -> ServiceTypes:
         return ServiceTypes(name, f"{name}_Request", f"{name}_Response", str(self.store.hash_rihs01(name)))
 
+    def _sections(self, ros_type: str, kind: str, names: tuple[str, ...]) -> list[str]:
+        """The ``---``-separated sections of a ``.srv`` or ``.action`` definition.
+
+        Raises:
+            InterfaceError: Not a ``kind`` type, no definition, or the wrong number of sections.
+        """
+        if _split_type(ros_type)[1] != kind:
+            raise InterfaceError(f"{ros_type} is not a {kind} type (pkg/{kind}/Name)")
+        parts = _SEPARATOR.split(self._read(ros_type))
+        if len(parts) != len(names):
+            listed = ", ".join(names[:-1]) + " and " + names[-1]
+            raise InterfaceError(f"{ros_type}: a .{kind} has {listed} separated by ---")
+        return parts
+
     def service(self, ros_type: str) -> ServiceTypes:
         """A service type from its ``.srv`` definition, with its hash.
 
@@ -239,11 +253,7 @@ class Interfaces:
         """
         if ros_type in self._services:
             return self._services[ros_type]
-        if _split_type(ros_type)[1] != "srv":
-            raise InterfaceError(f"{ros_type} is not a service type (pkg/srv/Name)")
-        parts = _SEPARATOR.split(self._read(ros_type))
-        if len(parts) != 2:
-            raise InterfaceError(f"{ros_type}: a .srv has a request and a response separated by ---")
+        parts = self._sections(ros_type, "srv", ("a request", "a response"))
         req = self._parse(parts[0], f"{ros_type}_Request")[f"{ros_type}_Request"][1]
         resp = self._parse(parts[1], f"{ros_type}_Response")[f"{ros_type}_Response"][1]
         self._register(self._service_defs(ros_type, req, resp))
@@ -259,13 +269,7 @@ class Interfaces:
         """
         if ros_type in self._actions:
             return self._actions[ros_type]
-        if _split_type(ros_type)[1] != "action":
-            raise InterfaceError(f"{ros_type} is not an action type (pkg/action/Name)")
-        parts = _SEPARATOR.split(self._read(ros_type))
-        if len(parts) != 3:
-            raise InterfaceError(
-                f"{ros_type}: an .action has a goal, a result and a feedback separated by ---"
-            )
+        parts = self._sections(ros_type, "action", ("a goal", "a result", "a feedback"))
         goal, result, feedback = (f"{ros_type}_{p}" for p in ("Goal", "Result", "Feedback"))
         defs: dict[str, Any] = {}
         for text, name in zip(parts, (goal, result, feedback), strict=True):
