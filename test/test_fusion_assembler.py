@@ -553,3 +553,71 @@ def test_end_to_end_latency_of_frames_stamped_off_the_wall_clock_is_not_availabl
     for f in frames:
         live.record(f, f.reference_stamp_ns + 40 * MS)
     assert live.as_dict()["end_to_end_p50_ms"] == 40.0 and "end_to_end" not in live.as_dict()
+
+
+@pytest.mark.parametrize("seed", [1, 2, 3])
+def test_workers_that_share_the_buckets_and_keep_the_reaching_streams_as_context_give_one_workers_frames(
+    seed: int,
+) -> None:
+    """Key_Shared in miniature: three assemblers each get the reference and `all` samples of
+    their own buckets only, and every sample of the streams picked nearest / hold_last (those
+    of other workers' buckets as context). Together they give the frames of one assembler."""
+    from embodied_bus.fusion.key_shared import context_streams
+    from embodied_bus.fusion.ownership import bucket_slot, rendezvous_owner
+
+    spec = spec_from_dict(
+        {
+            "bucket_width_ms": 50,
+            "bucket_offset_ms": 20,
+            "lateness_ms": 300,
+            "streams": {
+                "lidar/top": {"role": "reference", "expected_period_ms": 100, "lookahead": 0},
+                "camera/front": {
+                    "role": "required",
+                    "max_skew_ms": 40,
+                    "expected_period_ms": 33.3,
+                    "lookahead": 0,
+                },
+                "gps": {
+                    "role": "optional",
+                    "pick": "hold_last",
+                    "max_age_ms": 500,
+                    "expected_period_ms": 200,
+                    "lookahead": 0,
+                },
+                "imu": {"role": "optional", "pick": "all", "expected_period_ms": 5, "lookahead": 0},
+            },
+        }
+    )
+    assert context_streams(spec) == {"camera/front", "gps"}
+    samples = generate(Scenario(duration_s=3, loss=0.05, seed=seed))
+    one, _, _ = run(samples, spec)
+    workers = {w: Assembler(spec) for w in ("a", "b", "c")}
+    owner = {w: None for w in workers}
+    frames: list[MultiModalFrame] = []
+    for s in samples:
+        b = spec.clock.bucket_of(s.stamp_ns)
+        mine = rendezvous_owner(bucket_slot(b) // 4096, owner)
+        for w, asm in workers.items():
+            if w == mine:
+                events = asm.push(s)
+            elif s.stream in context_streams(spec):
+                events = asm.push_context(s)
+            else:
+                continue
+            frames += [e for e in events if isinstance(e, MultiModalFrame) and e.pane == 0]
+    for asm in workers.values():
+        frames += [e for e in asm.flush() if isinstance(e, MultiModalFrame)]
+
+    def key(fs: list[MultiModalFrame]) -> list[tuple[int, int, dict[str, list[int]]]]:
+        return sorted(
+            (
+                (f.bucket, f.reference_stamp_ns, {k: [m.sample.seq for m in v] for k, v in f.members.items()})
+                for f in fs
+            ),
+            key=lambda t: t[0],
+        )
+
+    assert len(frames) == len(one)
+    assert key(frames) == key(one)
+    assert sum(a.stats.context for a in workers.values()) > 0

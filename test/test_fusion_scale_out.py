@@ -5,10 +5,14 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import signal
 import subprocess
 import sys
+import threading
 import time
+import urllib.error
+import urllib.request
 import uuid
 from collections.abc import Callable
 from pathlib import Path
@@ -18,11 +22,16 @@ import pytest
 import yaml
 
 from embodied_bus import Backpressure, PublisherOptions, SubscriptionOptions, open_bus
-from embodied_bus.fusion import decode_frame, load_spec
+from embodied_bus.fusion import Assembler, MultiModalFrame, decode_frame, load_spec, spec_from_dict
 from embodied_bus.fusion.ownership import rendezvous_owner
 from embodied_bus.fusion.worker import FusionWorker, frames_stream
+from embodied_bus.model import Header, HeaderFlags, Modality, Sample
+from embodied_bus.replay import RecordedMessage, modality_of, read_recording, topic_to_stream
 from embodied_bus.sim.scenario import Scenario, generate
 from embodied_bus.testing.ports import free_port
+
+from conftest import wait_until
+from recordings import recording
 
 # Timing-sensitive on a loaded 2-core CI machine (three workers and a broker): one rerun.
 pytestmark = pytest.mark.flaky(reruns=2)
@@ -44,12 +53,17 @@ def test_rendezvous_ownership_moves_only_the_buckets_of_a_joining_member() -> No
     assert {rendezvous_owner(b, {"a": None}) for b in range(50)} == {"a"}
 
 
-def _worker(url: str, ns: str, wid: str, mode: str, config: Path = CONFIG) -> subprocess.Popen[str]:
+CLI = [sys.executable, "-m", "embodied_bus.cli.main"]
+
+
+def _worker(
+    url: str, ns: str, wid: str, mode: str, config: Path = CONFIG, *, json_summary: bool = True
+) -> subprocess.Popen[str]:
+    """A ``fuse`` worker process (``json_summary=False``: it says "fusing ..." once subscribed,
+    and prints its summary as one JSON line at the end)."""
     return subprocess.Popen(
         [
-            sys.executable,
-            "-m",
-            "embodied_bus.cli.main",
+            *CLI,
             "fuse",
             "--config",
             str(config),
@@ -61,7 +75,7 @@ def _worker(url: str, ns: str, wid: str, mode: str, config: Path = CONFIG) -> su
             mode,
             "--worker-id",
             wid,
-            "--json",
+            *(["--json"] if json_summary else []),
         ],
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
@@ -232,3 +246,186 @@ async def test_ring_workers_stopping_at_the_same_moment_publish_each_open_bucket
         expected
     )  # none published twice
     assert all(w.scale_out.summary()["handed_back"] == len(expected) for w in workers)
+
+
+# --- a recording through replay into three workers, one killed: the frames of one worker ----
+
+TILT = recording("plotjuggler_tilt_laser", "tilt_laser.bag")
+TILT_TOPICS = ("/scan", "/imu_data", "/position_gps", "/velocity")
+#: 50 ms buckets offset 20 ms: the 10 Hz scans fall in every other bucket; the GPS fix
+#: (hold_last, up to 200 ms old) and the 40 Hz velocity (nearest within 30 ms) are often
+#: taken from a neighbouring bucket.
+TILT_SPEC: dict[str, Any] = {
+    "name": "tilt",
+    "bucket_width_ms": 50,
+    "bucket_offset_ms": 20,
+    "lateness_ms": 1000,  # three workers, a broker and a replay on two cores
+    # lookahead 0: a pick is decided by the stream's next sample, never by its expected period
+    # (a jittery sensor would make the frames depend on arrival order across streams)
+    "streams": {
+        "scan": {"role": "reference", "pick": "nearest", "expected_period_ms": 100, "lookahead": 0},
+        "imu_data": {"role": "required", "pick": "all", "expected_period_ms": 50, "lookahead": 0},
+        "position_gps": {
+            **{"role": "optional", "pick": "hold_last", "max_age_ms": 200},
+            **{"expected_period_ms": 50, "lookahead": 0},
+        },
+        "velocity": {
+            **{"role": "optional", "pick": "nearest", "max_skew_ms": 30},
+            **{"expected_period_ms": 25, "lookahead": 0},
+        },
+    },
+}
+
+Signature = tuple[int, dict[str, tuple[int, ...]]]
+
+
+def _signature(frame: MultiModalFrame) -> Signature:
+    """What a frame took: its reference stamp and each member's stamps."""
+    members = {name: tuple(m.stamp_ns for m in ms) for name, ms in sorted(frame.members.items())}
+    return frame.reference_stamp_ns, members
+
+
+def _one_worker_frames() -> dict[int, Signature]:
+    """The frames one worker alone makes of the recording, in the order replay publishes it."""
+    spec = spec_from_dict(TILT_SPEC)
+    asm = Assembler(spec)
+    seqs: dict[str, int] = {}
+    frames: list[MultiModalFrame] = []
+    for m in read_recording(TILT, topics=list(TILT_TOPICS)):
+        assert isinstance(m, RecordedMessage)
+        stream = topic_to_stream(m.topic)
+        seqs[stream] = seqs.get(stream, 0) + 1
+        h = Header(
+            stream=stream,
+            modality=Modality.parse(modality_of(m.msgtype)),
+            seq=seqs[stream],
+            stamp_ns=m.stamp_ns,
+            bucket=spec.clock.bucket_of(m.stamp_ns),
+            bucket_width_ns=spec.clock.width_ns,
+            bucket_offset_ns=spec.clock.offset_ns,
+            encoding=f"cdr:{m.msgtype}",
+            frame_id=m.frame_id,
+            publisher_id=hash(stream) & 0xFFFFFFFF,
+            publish_ns=m.log_time_ns,
+            flags=HeaderFlags.NONE,
+        )
+        frames += [e for e in asm.push(Sample(h, b"", m.log_time_ns)) if isinstance(e, MultiModalFrame)]
+    frames += [e for e in asm.flush() if isinstance(e, MultiModalFrame)]
+    return {f.bucket: _signature(f) for f in frames}
+
+
+def _key_shared_consumers(web_url: str, ns: str, stream: str) -> int:
+    topic = f"public/default/eb.{ns}.{stream}"
+    try:
+        with urllib.request.urlopen(f"{web_url}/admin/v2/persistent/{topic}/stats", timeout=5) as resp:
+            stats = json.load(resp)
+    except urllib.error.HTTPError as err:
+        if err.code == 404:  # no consumer has subscribed yet
+            return 0
+        raise
+    return len(stats.get("subscriptions", {}).get("eb-fusion-tilt", {}).get("consumers", []))
+
+
+def _last_json(out: str) -> Any:
+    """The JSON document at the end of a process's output (after any log lines)."""
+    start = 0 if out.startswith("{") else out.rindex("\n{") + 1
+    return json.loads(out[start:])
+
+
+def _ready_line(proc: subprocess.Popen[str], timeout_s: float) -> str:
+    """The worker's first stdout line ("fusing ... -> frames/..." once it is subscribed)."""
+    box: list[str] = []
+    reader = threading.Thread(target=lambda: box.append(proc.stdout.readline() if proc.stdout else ""))
+    reader.start()
+    reader.join(timeout_s)
+    return box[0] if box else ""
+
+
+@pytest.mark.parametrize("engine_name", ["zenoh", "pulsar"])
+async def test_a_recording_replayed_into_three_workers_one_killed_gives_the_frames_of_one_worker(
+    engine_name: str, request: pytest.FixtureRequest, tmp_path: Path
+) -> None:
+    """hold_last and nearest picks reach into neighbouring buckets, which Key_Shared deals to
+    other workers: every worker still takes those streams whole, so each frame has the members
+    one worker alone gives it. Pulsar loses no bucket when a worker is SIGKILLed mid-stream (its
+    unacknowledged buckets go to the others); the Zenoh ring loses at most the frames the
+    killed worker had published but not yet sent."""
+    spec_path = tmp_path / "tilt.yaml"
+    spec_path.write_text(yaml.safe_dump({"fusion": TILT_SPEC}))
+    expected = _one_worker_frames()
+    ns = f"tilt{engine_name}{uuid.uuid4().hex[:8]}"
+    if engine_name == "zenoh":
+        port = free_port()
+        hub_url, url, mode = f"zenoh:?listen=tcp/127.0.0.1:{port}", f"zenoh://127.0.0.1:{port}", "ring"
+    else:
+        hub_url = url = request.getfixturevalue("pulsar_url")
+        mode = "key-shared"
+    workers = [_worker(url, ns, f"w{i}", mode, spec_path, json_summary=False) for i in (1, 2, 3)]
+    replay: subprocess.Popen[str] | None = None
+    frames: list[MultiModalFrame] = []
+    killed_at = -1
+    try:
+        async with open_bus(hub_url, namespace=ns) as hub:
+            frames_sub = await hub.subscribe(
+                "frames/tilt", options=SubscriptionOptions(capacity=10_000, backpressure=Backpressure.BLOCK)
+            )
+            for w in workers:
+                line = await asyncio.to_thread(_ready_line, w, 60)
+                assert line.startswith("fusing"), f"a worker did not start: {line!r}"
+            if engine_name == "pulsar":
+                broker = request.getfixturevalue("pulsar_broker")
+                web = broker.web_url if broker is not None else "http://127.0.0.1:8080"
+                await wait_until(
+                    lambda: all(_key_shared_consumers(web, ns, s) == 3 for s in ("scan", "imu_data")),
+                    30,
+                    "three Key_Shared consumers on the shared streams",
+                )
+            replay = subprocess.Popen(
+                [
+                    *(*CLI, "replay", str(TILT), "--bus", url, "--ns", ns, "--spec", str(spec_path)),
+                    *("--topics", *TILT_TOPICS, "--rate", "2", "--wait-subscribers", "20", "--json"),
+                ],
+                stdout=subprocess.PIPE,
+                stderr=subprocess.PIPE,
+                text=True,
+            )
+            # SIGKILL w2 a third of the way through the recording (17.7 s at rate 2)
+            t_kill = time.monotonic() + 1.0 + 17.7 / 2 / 3
+            while set(expected) - {f.bucket for f in frames}:
+                if killed_at < 0 and time.monotonic() >= t_kill:
+                    workers[1].send_signal(signal.SIGKILL)
+                    killed_at = len(frames)
+                try:
+                    wait_s = max(0.05, t_kill - time.monotonic()) if killed_at < 0 else 8.0
+                    frames.append(decode_frame((await frames_sub.recv(timeout_s=wait_s)).payload))
+                except TimeoutError:
+                    if killed_at >= 0:
+                        break  # 8 s without a frame: the rest is lost
+    finally:
+        for w in workers:
+            if w.poll() is None:
+                w.send_signal(signal.SIGINT)
+        outs = [w.communicate(timeout=30)[0] for w in workers]
+        replayed = replay.communicate(timeout=30) if replay is not None else ("", "")
+    assert replay is not None and replay.returncode == 0, replayed[1][-2000:]
+    summary = _last_json(replayed[0])
+    assert summary["no_subscriber"] == [], summary
+    buckets = [f.bucket for f in frames]
+    assert len(buckets) == len(set(buckets)), "a bucket was published twice"
+    got = {f.bucket: _signature(f) for f in frames}
+    differ = {b: (got[b], expected.get(b)) for b in got if got[b] != expected.get(b)}
+    assert not differ, (
+        f"{len(differ)} of {len(got)} frames differ from one worker's: {list(differ.items())[:3]}"
+    )
+    lost = sorted(set(expected) - set(got))
+    print(f"{engine_name}: {len(got)} of {len(expected)} frames, lost {lost}, killed after frame {killed_at}")
+    summaries = [_last_json(outs[0]), _last_json(outs[2])]
+    if engine_name == "pulsar":
+        assert not lost, f"lost buckets {lost}"
+        # the survivors assembled the killed worker's unacknowledged buckets, with the context
+        # streams they keep; every shared sample came to the owner of its bucket's slot
+        assert sum(s["recovered"] + s["already_published"] for s in summaries) > 0, summaries
+        assert all(s["outside_slots"] == 0 and s["context"] > 0 for s in summaries), summaries
+    else:
+        # a crash loses at most the frames the killed worker published but had not yet sent
+        assert len(lost) <= 3, f"lost buckets {lost}"

@@ -60,6 +60,13 @@ def add_parser(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-ar
     p.add_argument(
         "--start-paused", action="store_true", help="wait for space (or SIGUSR1) before the first message"
     )
+    p.add_argument(
+        "--wait-subscribers",
+        type=float,
+        default=0.0,
+        metavar="S",
+        help="before the first message, wait up to S seconds for a subscriber on every topic",
+    )
     p.add_argument("--json", action="store_true", help="print a JSON summary")
     r = p.add_argument_group("ROS 2 (rmw_zenoh, no ROS install)")
     r.add_argument(
@@ -114,6 +121,7 @@ def _options(args: argparse.Namespace) -> ReplayOptions:
         mapping=mapping,
         stamp=args.stamp,
         clock=bucket_clock(args.spec, config=args.config),
+        wait_subscribers_s=args.wait_subscribers,
     )
 
 

@@ -84,6 +84,8 @@ class AssemblerStats:
     stamp_fallbacks: int = 0
     stamp_jumps: int = 0
     ignored: int = 0
+    #: Samples of other workers' buckets kept for picks reaching past bucket edges.
+    context: int = 0
     presence: dict[str, int] = field(default_factory=dict)
 
 
@@ -92,6 +94,17 @@ class _Entry:
     stamp_ns: int
     sample: Sample
     fallback: bool
+
+
+@dataclass(slots=True)
+class _Arrival:
+    """A sample accepted by :meth:`Assembler._arrive`: its stream, entry and bucket, and the
+    events its arrival caused (a clock jump)."""
+
+    stream: _Stream
+    entry: _Entry
+    bucket: int
+    events: list[Event]
 
 
 class _Stream:
@@ -179,13 +192,64 @@ class Assembler:
     # ------------------------------------------------------------------ input
     def push(self, sample: Sample) -> list[Event]:
         """Add one sample; return the events it caused, in order."""
+        arrival = self._arrive(sample)
+        if arrival is None:
+            return []
+        self.stats.samples += 1
+        st, entry, bucket, events = arrival.stream, arrival.entry, arrival.bucket, arrival.events
+        stamp = entry.stamp_ns
+        if self._emitted_upto is not None and bucket <= self._emitted_upto:
+            decided = self._decided.get(bucket)
+            if decided is None or st.spec.name not in decided or st.spec.pick in (Pick.ALL, Pick.LATEST):
+                # Its bucket went out without a decision for this stream, or without this
+                # sample that `all` / `latest` would have taken: late data.
+                self.stats.late += 1
+                self._late_counts[bucket] = self._late_counts.get(bucket, 0) + 1
+                events.append(LateSample(sample, bucket, stamp))
+                if self.spec.late_panes:
+                    events.append(self._late_pane(bucket, entry))
+            else:
+                # On time, but its bucket was already decided without it (a nearer sample won).
+                self.stats.unused += 1
+            if stamp >= self._prune_floor():
+                st.insert(entry)  # may still serve an open bucket (nearest / hold_last)
+            if st.last_stamp is None or stamp > st.last_stamp:
+                st.last_stamp = stamp
+                st.watermark = max(st.watermark or stamp, stamp + st.lookahead_ns)
+            return events
+        self._keep(st, entry)
+        if bucket not in self._open_set:
+            self._open_set.add(bucket)
+            bisect.insort(self._open, bucket)
+        events.extend(self._emit_ready(st))
+        return events
+
+    def push_context(self, sample: Sample) -> list[Event]:
+        """Add a sample of a bucket another worker assembles (Key_Shared scale-out).
+
+        It serves only the picks of this assembler's buckets that reach past their edges
+        (``nearest``, ``hold_last``, ``interpolate``), and moves its stream's watermark and the
+        event time as any sample does; it never opens its own bucket and is never late here.
+        """
+        arrival = self._arrive(sample)
+        if arrival is None:
+            return []
+        self.stats.context += 1
+        st, entry, events = arrival.stream, arrival.entry, arrival.events
+        if entry.stamp_ns >= self._prune_floor():
+            self._keep(st, entry)
+        events.extend(self._emit_ready(st))
+        return events
+
+    def _arrive(self, sample: Sample) -> _Arrival | None:
+        """Stamp, de-duplicate and check a sample for clock jumps (None: not for this spec, or
+        seen before)."""
         h = sample.header
         st = self._streams.get(h.stream)
         if st is None:
             self.stats.ignored += 1
-            return []
+            return None
         stats = self.stats
-        stats.samples += 1
         events: list[Event] = []
         stamp = h.stamp_ns
         if stamp == 0:
@@ -200,7 +264,7 @@ class Assembler:
         seen = st.seen
         if key in seen:
             stats.duplicates += 1
-            return events
+            return None
         seen.add(key)
         order = st.seen_order
         order.append(key)
@@ -224,26 +288,11 @@ class Assembler:
                     st.reset()
                 self._blocker = None
         bucket = (stamp - self._offset_ns) // self._width_ns
-        entry = _Entry(stamp, sample, fallback)
-        if self._emitted_upto is not None and bucket <= self._emitted_upto:
-            decided = self._decided.get(bucket)
-            if decided is None or st.spec.name not in decided or st.spec.pick in (Pick.ALL, Pick.LATEST):
-                # Its bucket went out without a decision for this stream, or without this
-                # sample that `all` / `latest` would have taken: late data.
-                self.stats.late += 1
-                self._late_counts[bucket] = self._late_counts.get(bucket, 0) + 1
-                events.append(LateSample(sample, bucket, stamp))
-                if self.spec.late_panes:
-                    events.append(self._late_pane(bucket, entry))
-            else:
-                # On time, but its bucket was already decided without it (a nearer sample won).
-                self.stats.unused += 1
-            if stamp >= self._prune_floor():
-                st.insert(entry)  # may still serve an open bucket (nearest / hold_last)
-            if st.last_stamp is None or stamp > st.last_stamp:
-                st.last_stamp = stamp
-                st.watermark = max(st.watermark or stamp, stamp + st.lookahead_ns)
-            return events
+        return _Arrival(st, _Entry(stamp, sample, fallback), bucket, events)
+
+    def _keep(self, st: _Stream, entry: _Entry) -> None:
+        """Buffer an on-time entry; move its stream's watermark and the event time."""
+        stamp = entry.stamp_ns
         if st.last_stamp is not None and stamp < st.last_stamp:
             st.insert(entry)  # out of order within the window
         else:
@@ -255,11 +304,6 @@ class Assembler:
         wm = stamp + st.lookahead_ns
         if st.watermark is None or wm > st.watermark:
             st.watermark = wm
-        if bucket not in self._open_set:
-            self._open_set.add(bucket)
-            bisect.insort(self._open, bucket)
-        events.extend(self._emit_ready(st))
-        return events
 
     def advance(self, watermark_ns: int) -> list[Event]:
         """Declare that no stream will send stamps before ``watermark_ns`` (e.g. wall clock
@@ -282,6 +326,11 @@ class Assembler:
     def event_time_ns(self) -> int | None:
         """The furthest stamp seen on any stream (None before the first sample)."""
         return self._event_time_ns
+
+    @property
+    def horizon_ns(self) -> int:
+        """How far before or after a reference stamp a pick may reach (ns)."""
+        return self._horizon_ns
 
     @property
     def emitted_upto(self) -> int | None:

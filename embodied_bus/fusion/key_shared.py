@@ -1,20 +1,30 @@
 """Key_Shared scale-out: each worker receives only its buckets (Pulsar Key_Shared STICKY
 slots, dealt from the group's membership) and acknowledges their samples once their frame is
 out, so a worker that dies or leaves loses no bucket: what it held unacknowledged goes to the
-new owner of its slots."""
+new owner of its slots.
+
+Streams whose picks reach past a bucket's edges (``nearest``, ``hold_last`` and
+``interpolate`` members, and any stream with a clock offset) are not shared: every worker
+receives all of them, assembles those of its own buckets and keeps the others as context for
+its neighbouring buckets, so a frame takes the same members as under the ring or one worker.
+The last :data:`CONTEXT_HISTORY_S` of them are kept to assemble buckets handed over by a
+worker that died.
+"""
 
 from __future__ import annotations
 
 import asyncio
 import logging
 import time
+from collections import deque
 from typing import TYPE_CHECKING, Any
 
 from embodied_bus.errors import BusConnectionError
-from embodied_bus.fusion.assembler import Assembler
+from embodied_bus.fusion.assembler import Assembler, Event
 from embodied_bus.fusion.frame import MultiModalFrame
-from embodied_bus.fusion.ownership import slot_ranges
-from embodied_bus.fusion.scale_out import RECENT_BUCKETS, Grouped
+from embodied_bus.fusion.ownership import bucket_slot, in_ranges, slot_ranges
+from embodied_bus.fusion.scale_out import RECENT_BUCKETS, Admission, Grouped
+from embodied_bus.fusion.spec import FusionSpec, Pick, Role
 from embodied_bus.model.qos import Backpressure, SubscriptionOptions
 from embodied_bus.model.sample import Sample
 from embodied_bus.streams.subscriber import Subscription
@@ -24,11 +34,13 @@ if TYPE_CHECKING:
 
 __all__ = [
     "CLOSE_TIMEOUT_S",
+    "CONTEXT_HISTORY_S",
     "FRAMES_HISTORY_S",
     "FRAMES_SYNC_TIMEOUT_S",
     "GROUP_SETTLE_S",
     "RECOVERY_QUIET_S",
     "KeyShared",
+    "context_streams",
 ]
 
 _log = logging.getLogger("embodied_bus.fusion")
@@ -48,6 +60,21 @@ FRAMES_SYNC_TIMEOUT_S = 5.0
 FRAMES_HISTORY_S = 10.0
 #: Longest wait for a stopping worker to hand back or flush its slots, seconds.
 CLOSE_TIMEOUT_S = 10.0
+#: Samples of the streams every worker receives are kept this long (event time) beyond the
+#: spec's reach, to assemble buckets handed over by a worker that died, seconds.
+CONTEXT_HISTORY_S = 10.0
+
+
+def context_streams(spec: FusionSpec) -> frozenset[str]:
+    """The streams a Key_Shared worker needs beyond its own buckets: members picked
+    ``nearest``, ``hold_last`` or ``interpolate`` (their window reaches into the neighbouring
+    buckets) and streams with a clock offset (bucketed by the publisher without it)."""
+    reaching = (Pick.NEAREST, Pick.HOLD_LAST, Pick.INTERPOLATE)
+    return frozenset(
+        s.name
+        for s in spec.streams
+        if s.clock_offset_ns or (s.role is not Role.REFERENCE and s.pick in reaching)
+    )
 
 
 class KeyShared(Grouped):
@@ -77,16 +104,50 @@ class KeyShared(Grouped):
         self.sync_timeouts = 0
         #: Buckets assembled from redelivered samples.
         self.recovered = 0
+        #: Shared samples received for a bucket outside this worker's slots (0 unless the
+        #: broker hashes keys unlike :func:`~embodied_bus.fusion.ownership.bucket_slot`).
+        self.outside_slots = 0
         self._slots_task: asyncio.Task[None] | None = None
+        spec = worker.spec
+        #: Streams every worker receives whole (see :func:`context_streams`).
+        self.context_streams = context_streams(spec)
+        #: Their recent samples, oldest first.
+        self.context_history: deque[Sample] = deque()
+        self._history_ns = worker.assembler.horizon_ns + spec.lateness_ns + int(CONTEXT_HISTORY_S * 1e9)
+        self._offsets = {s.name: s.clock_offset_ns for s in spec.streams}
 
     async def start(self, inputs: tuple[str, ...], stop: asyncio.Event) -> list[asyncio.Task[None]]:
         tasks = await super().start(inputs, stop)
         assert self.ring is not None
+        shared = tuple(s for s in inputs if s not in self.context_streams)
+        whole = tuple(s for s in inputs if s in self.context_streams)
+        if whole:
+            tasks.append(asyncio.create_task(self.worker.pump(await self.worker.subscribe(whole))))
         await self._take_in_recent_frames()
         await self.ring.watch()
         await self.ring.join(None)
-        self._slots_task = asyncio.create_task(self._consume_slots(stop, inputs))
+        self._slots_task = asyncio.create_task(self._consume_slots(stop, shared))
         return [*tasks, self._slots_task]
+
+    def stamp_of(self, sample: Sample) -> int:
+        """The sample's stamp as the assembler sees it (clock offset applied), ns."""
+        return (sample.stamp_ns or sample.receive_ns) + self._offsets.get(sample.stream, 0)
+
+    def owns(self, bucket: int) -> bool:
+        return in_ranges(bucket_slot(bucket), self.slots)
+
+    def _admit_context(self, sample: Sample) -> Admission:
+        """A sample of a stream every worker receives: assembled if its bucket is this worker's
+        (and not being recovered), else context for the neighbouring buckets."""
+        history = self.context_history
+        history.append(sample)
+        floor = self.stamp_of(sample) - self._history_ns
+        while history and self.stamp_of(history[0]) < floor:
+            history.popleft()
+        b = self.worker.spec.clock.bucket_of(self.stamp_of(sample))
+        if b in self.recovering or time.monotonic() < self.settle_until or not self.owns(b):
+            return Admission.CONTEXT
+        return Admission.ASSEMBLE
 
     async def sync_published(self) -> None:
         """Take in every frame stored on the frames stream so far.
@@ -129,12 +190,18 @@ class KeyShared(Grouped):
         for header in headers:
             self.published_buckets.add(header.bucket)
 
-    async def admit(self, sample: Sample) -> bool:
+    async def admit(self, sample: Sample) -> Admission:
+        if sample.stream in self.context_streams:
+            return self._admit_context(sample)
         spec = self.worker.spec
         asm = self.worker.assembler
-        stream = spec.stream(sample.stream)
-        stamp = sample.stamp_ns or sample.receive_ns
-        b = spec.clock.bucket_of(stamp + (stream.clock_offset_ns if stream else 0))
+        b = spec.clock.bucket_of(self.stamp_of(sample))
+        if not self.owns(b):
+            if not self.outside_slots:
+                _log.warning(
+                    "%s sample of bucket %d came outside this worker's slots %s", sample.stream, b, self.slots
+                )
+            self.outside_slots += 1
         upto, now_ns = asm.emitted_upto, asm.event_time_ns
         behind = (upto is not None and b <= upto) or (
             now_ns is not None and spec.clock.end_ns(b) + spec.lateness_ns <= now_ns
@@ -147,14 +214,14 @@ class KeyShared(Grouped):
                 _log.debug("%s sample for bucket %d published by another worker", sample.stream, b)
                 self.already_published += 1
                 sample.ack()
-                return False
+                return Admission.HELD
             # An older bucket redelivered from a worker that left or gave up its slot:
             # assemble it on its own once its samples stop arriving.
             self.recovering.setdefault(b, []).append(sample)
             self.recovering_at[b] = time.monotonic()
-            return False
+            return Admission.HELD
         self.unacked.setdefault(b, []).append(sample)
-        return True
+        return Admission.ASSEMBLE
 
     async def should_publish(self, frame: MultiModalFrame) -> bool:
         if frame.pane != 0:
@@ -209,9 +276,7 @@ class KeyShared(Grouped):
             samples = self.recovering.pop(b)
             del self.recovering_at[b]
             if b not in self.published_buckets:
-                asm = Assembler(w.spec)
-                events = [e for s in sorted(samples, key=lambda x: x.stamp_ns) for e in asm.push(s)]
-                events += asm.flush()
+                events = self._assemble_alone(b, samples)
                 for ev in events:
                     if isinstance(ev, MultiModalFrame) and ev.pane == 0 and ev.bucket == b:
                         self.recovered += 1
@@ -222,6 +287,23 @@ class KeyShared(Grouped):
             for sample in samples:
                 sample.ack()
 
+    def _assemble_alone(self, bucket: int, samples: list[Sample]) -> list[Event]:
+        """Assemble one handed-over bucket from its redelivered samples and the context around
+        it, in stamp order."""
+        clock = self.worker.spec.clock
+        asm = Assembler(self.worker.spec)
+        reach_ns = asm.horizon_ns + clock.width_ns
+        lo, hi = clock.start_ns(bucket) - reach_ns, clock.end_ns(bucket) + reach_ns
+        around = [s for s in self.context_history if lo <= self.stamp_of(s) < hi]
+        own = {id(s) for s in samples}
+        events: list[Event] = []
+        for s in sorted([*samples, *around], key=self.stamp_of):
+            if id(s) in own or clock.bucket_of(self.stamp_of(s)) == bucket:
+                events += asm.push(s)
+            else:
+                events += asm.push_context(s)
+        return events + asm.flush()
+
     async def _consume_slots(self, stop: asyncio.Event, inputs: tuple[str, ...]) -> None:
         """Consume this worker's slots; re-deal them when the group changes."""
         ring = self.ring
@@ -231,7 +313,7 @@ class KeyShared(Grouped):
             ring.changed.clear()
             ranges = slot_ranges(ring.worker_id, ring.members())
             sub: Subscription | None = None
-            if ranges:
+            if ranges and inputs:
                 try:
                     sub = await self._subscribe_slots(inputs, ranges)
                 except BusConnectionError:
@@ -296,7 +378,10 @@ class KeyShared(Grouped):
     def forget_open(self) -> None:
         """Drop open and recovering buckets without acknowledging their samples (the broker
         hands them whole to whoever owns their slots next)."""
-        self.worker.assembler.reset_open()
+        asm = self.worker.assembler
+        asm.reset_open()
+        for sample in self.context_history:  # what the next buckets reach back to
+            asm.push_context(sample)
         self.unacked.clear()
         self.recovering.clear()
         self.recovering_at.clear()
@@ -331,6 +416,8 @@ class KeyShared(Grouped):
             "slots": [list(r) for r in self.slots],
             "reassignments": self.reassignments,
             "recovered": self.recovered,
+            "outside_slots": self.outside_slots,
+            "context": self.worker.assembler.stats.context,
             "already_published": self.already_published,
             "sync_timeouts": self.sync_timeouts,
         }

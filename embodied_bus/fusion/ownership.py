@@ -29,12 +29,56 @@ from collections.abc import Mapping
 from embodied_bus.bus import Bus
 from embodied_bus.engines.base import GroupMembership
 
-__all__ = ["COLD_START", "DEFAULT_SLOTS", "OwnershipRing", "rendezvous_owner", "slot_ranges"]
+__all__ = [
+    "COLD_START",
+    "DEFAULT_SLOTS",
+    "OwnershipRing",
+    "bucket_slot",
+    "in_ranges",
+    "rendezvous_owner",
+    "slot_ranges",
+]
 
 #: Announced by workers that start before any data flows and find no other member.
 COLD_START = "min"
 #: Slices of the Key_Shared hash space [0, 65535] dealt out to Pulsar workers.
 DEFAULT_SLOTS = 16
+
+
+def _murmur3_32(data: bytes, seed: int = 0) -> int:
+    """MurmurHash3 x86 32-bit, as Pulsar hashes sticky keys."""
+    c1, c2, mask = 0xCC9E2D51, 0x1B873593, 0xFFFFFFFF
+    h = seed
+    n = len(data) - len(data) % 4
+    for i in range(0, n, 4):
+        k = int.from_bytes(data[i : i + 4], "little")
+        k = (k * c1) & mask
+        k = ((k << 15) | (k >> 17)) & mask
+        h ^= (k * c2) & mask
+        h = ((h << 13) | (h >> 19)) & mask
+        h = (h * 5 + 0xE6546B64) & mask
+    k = int.from_bytes(data[n:], "little") if n < len(data) else 0
+    if k:
+        k = (k * c1) & mask
+        k = ((k << 15) | (k >> 17)) & mask
+        h ^= (k * c2) & mask
+    h ^= len(data)
+    h ^= h >> 16
+    h = (h * 0x85EBCA6B) & mask
+    h ^= h >> 13
+    h = (h * 0xC2B2AE35) & mask
+    return h ^ (h >> 16)
+
+
+def bucket_slot(bucket: int) -> int:
+    """Where Pulsar Key_Shared puts the samples of a bucket in the hash space [0, 65535]
+    (their key is the bucket id in decimal; the broker takes Murmur3-32 of it modulo 65536)."""
+    return _murmur3_32(str(bucket).encode()) & 0xFFFF
+
+
+def in_ranges(slot: int, ranges: tuple[tuple[int, int], ...]) -> bool:
+    """Whether ``slot`` lies in one of the inclusive ``ranges``."""
+    return any(lo <= slot <= hi for lo, hi in ranges)
 
 
 def _score(member: str, bucket: int) -> int:

@@ -26,7 +26,16 @@ from embodied_bus.streams.subscriber import Subscription
 if TYPE_CHECKING:
     from embodied_bus.fusion.worker import FusionWorker
 
-__all__ = ["HANDOVER_CONFIRM_S", "Grouped", "RecentBuckets", "Ring", "ScaleOut", "ScaleOutMode", "Single"]
+__all__ = [
+    "HANDOVER_CONFIRM_S",
+    "Admission",
+    "Grouped",
+    "RecentBuckets",
+    "Ring",
+    "ScaleOut",
+    "ScaleOutMode",
+    "Single",
+]
 
 _log = logging.getLogger("embodied_bus.fusion")
 
@@ -60,6 +69,18 @@ class ScaleOutMode(str, enum.Enum):
         except ValueError:
             names = ", ".join(repr(m.value) for m in cls)
             raise SpecError(f"scale_out must be None, {names}; got {value!r}") from None
+
+
+class Admission(enum.Enum):
+    """What a worker does with a sample that arrived."""
+
+    #: Into the assembler: the sample's bucket is this worker's to assemble.
+    ASSEMBLE = enum.auto()
+    #: Into the assembler as context only: another worker's bucket, kept for the picks of this
+    #: worker's buckets that reach past their edges.
+    CONTEXT = enum.auto()
+    #: Kept aside or dropped by the scale-out mode.
+    HELD = enum.auto()
 
 
 class RecentBuckets:
@@ -102,9 +123,9 @@ class ScaleOut:
         w = self.worker
         return [asyncio.create_task(w.pump(await w.subscribe(inputs)))]
 
-    async def admit(self, sample: Sample) -> bool:
-        """Whether the sample goes to the assembler now (else this mode keeps or drops it)."""
-        return True
+    async def admit(self, sample: Sample) -> Admission:
+        """Where the sample goes: to the assembler, as context, or kept aside by this mode."""
+        return Admission.ASSEMBLE
 
     async def after_push(self, sample: Sample) -> None:
         """Called after a sample went to the assembler, before its events are handled."""

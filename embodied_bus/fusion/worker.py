@@ -23,7 +23,7 @@ from embodied_bus.fusion.frame import MultiModalFrame
 from embodied_bus.fusion.key_shared import FRAMES_HISTORY_S, KeyShared
 from embodied_bus.fusion.metrics import FusionMetrics
 from embodied_bus.fusion.ownership import OwnershipRing
-from embodied_bus.fusion.scale_out import Ring, ScaleOut, ScaleOutMode, Single
+from embodied_bus.fusion.scale_out import Admission, Ring, ScaleOut, ScaleOutMode, Single
 from embodied_bus.fusion.spec import FusionSpec
 from embodied_bus.model.header import Modality
 from embodied_bus.model.qos import Backpressure, PublisherOptions, SubscriptionOptions
@@ -142,7 +142,11 @@ class FusionWorker:
         self._last_input = time.monotonic()
         if not self.same_clock(sample):
             return
-        if not await self.scale_out.admit(sample):
+        admission = await self.scale_out.admit(sample)
+        if admission is Admission.HELD:
+            return
+        if admission is Admission.CONTEXT:
+            await self.handle(self.assembler.push_context(sample))
             return
         events = self.assembler.push(sample)
         await self.scale_out.after_push(sample)

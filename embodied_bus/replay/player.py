@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 import queue
 import sys
 import threading
@@ -37,6 +38,8 @@ from embodied_bus.replay.targets import (
 
 __all__ = ["SPIN_S", "ReplayOptions", "ReplaySummary", "replay"]
 
+_log = logging.getLogger("embodied_bus.replay")
+
 #: The last stretch before a message's due time is spent spinning, not sleeping (seconds).
 SPIN_S = 0.002
 #: Messages read ahead of the replay clock.
@@ -62,6 +65,9 @@ class ReplayOptions:
         stamp: ``header`` (sensor stamps; zero stamps fall back to log time with a flag) or
             ``log`` (the recorder's clock).
         clock: Bucket clock of the published streams.
+        wait_subscribers_s: Before the first message of a timed replay, wait up to this long for
+            a subscriber on every replayed topic (0: start at once; Zenoh drops what nobody
+            receives).
     """
 
     rate: float = 1.0
@@ -73,6 +79,7 @@ class ReplayOptions:
     mapping: Mapping[str, str] = field(default_factory=dict)
     stamp: str = "header"
     clock: BucketClock = field(default_factory=BucketClock)
+    wait_subscribers_s: float = 0.0
 
     def __post_init__(self) -> None:
         if self.rate <= 0:
@@ -81,6 +88,8 @@ class ReplayOptions:
             raise BusConfigError(f"replay stamp must be 'header' or 'log', got {self.stamp!r}")
         if self.start_s < 0 or (self.duration_s is not None and self.duration_s <= 0):
             raise BusConfigError("replay start must be >= 0 and duration > 0")
+        if self.wait_subscribers_s < 0 or (self.wait_subscribers_s and self.fast):
+            raise BusConfigError("replay wait for subscribers: seconds >= 0, for a timed replay (not fast)")
 
 
 @dataclass
@@ -95,6 +104,8 @@ class ReplaySummary:
     timing_errors_ms: list[float] = field(default_factory=list)
     wall_s: float = 0.0
     recording_s: float = 0.0
+    #: Topics without a subscriber when a replay that waited for them started.
+    no_subscriber: list[str] = field(default_factory=list)
 
     def as_dict(self) -> dict[str, Any]:
         """JSON-ready summary (timing error percentiles in ms)."""
@@ -103,6 +114,7 @@ class ReplaySummary:
             "messages": dict(sorted(self.messages.items())),
             "total": sum(self.messages.values()),
             "skipped": self.skipped,
+            "no_subscriber": self.no_subscriber,
             "stamp_fallbacks": self.stamp_fallbacks,
             "recording_s": round(self.recording_s, 3),
             "wall_s": round(self.wall_s, 3),
@@ -145,6 +157,8 @@ async def replay(
                 pub = await _publisher(target, opts, topic, msgtype, "", summary)
                 if pub is not None:
                     pubs[topic] = pub
+        if opts.wait_subscribers_s > 0:
+            await _wait_subscribers(pubs, opts.wait_subscribers_s, summary)
     t_wall0 = time.monotonic()
     # Timed replay shares the GIL with the read-ahead thread: hand it over every 0.5 ms instead
     # of every 5 ms so a message falls due while the reader parses (restored afterwards).
@@ -166,6 +180,19 @@ async def replay(
         await p.flush()
     summary.wall_s = time.monotonic() - t_wall0
     return summary
+
+
+async def _wait_subscribers(
+    pubs: dict[str, ReplayPublisher], timeout_s: float, summary: ReplaySummary
+) -> None:
+    """Wait (together, at most ``timeout_s``) for a subscriber on every topic; name the others."""
+    topics = list(pubs)
+    matched = await asyncio.gather(*(pubs[t].wait_for_subscribers(timeout_s) for t in topics))
+    summary.no_subscriber = [t for t, ok in zip(topics, matched, strict=True) if not ok]
+    if summary.no_subscriber:
+        _log.warning(
+            "no subscriber within %g s for %s: replaying anyway", timeout_s, ", ".join(summary.no_subscriber)
+        )
 
 
 _END = object()

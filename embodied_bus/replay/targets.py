@@ -34,6 +34,10 @@ class ReplayPublisher(Protocol):
 
     async def flush(self) -> None: ...
 
+    async def wait_for_subscribers(self, timeout_s: float) -> bool:
+        """Wait until a subscriber matches; False if none did within ``timeout_s`` seconds."""
+        ...
+
 
 class ReplayTarget(Protocol):
     """Where a replay publishes."""

@@ -112,6 +112,11 @@ class RosPublisher:
         self.seq += 1
         self._pub.put(bytes(cdr), attachment=pack_attachment(self.seq, time.time_ns(), self.gid))
 
+    def has_subscribers(self) -> bool:
+        """Whether a subscription matches (True where the publisher cannot tell)."""
+        status = getattr(self._pub, "matching_status", None)
+        return True if status is None else bool(getattr(status, "matching", status))
+
     def undeclare(self) -> None:
         """Withdraw the publisher and its token."""
         with contextlib.suppress(Exception):

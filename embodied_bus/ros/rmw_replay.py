@@ -45,6 +45,15 @@ class _RosTopic:
     async def flush(self) -> None:
         """Nothing to wait for: Zenoh sends at once."""
 
+    async def wait_for_subscribers(self, timeout_s: float) -> bool:
+        """Wait until a ROS subscription matches this topic."""
+        deadline = time.monotonic() + timeout_s
+        while not self.pub.has_subscribers():
+            if time.monotonic() >= deadline:
+                return False
+            await asyncio.sleep(0.01)
+        return True
+
 
 class RosReplayTarget:
     """Publishes a replay on ROS 2 topics (see the module docstring).
