@@ -5,14 +5,9 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import json
 import signal
 import subprocess
-import sys
-import threading
 import time
-import urllib.error
-import urllib.request
 import uuid
 from collections.abc import Callable
 from pathlib import Path
@@ -20,9 +15,20 @@ from typing import Any
 
 import pytest
 import yaml
+from fusion_workers import (
+    CLI,
+    assert_one_workers_frames,
+    frames_killing_one,
+    key_shared_consumers,
+    last_json,
+    one_worker_frames,
+    ready_line,
+    stop_all,
+    worker,
+)
 
 from embodied_bus import Backpressure, PublisherOptions, SubscriptionOptions, open_bus
-from embodied_bus.fusion import Assembler, MultiModalFrame, decode_frame, load_spec, spec_from_dict
+from embodied_bus.fusion import FusionSpec, decode_frame, load_spec, spec_from_dict
 from embodied_bus.fusion.ownership import rendezvous_owner
 from embodied_bus.fusion.worker import FusionWorker, frames_stream
 from embodied_bus.model import Header, HeaderFlags, Modality, Sample
@@ -53,34 +59,8 @@ def test_rendezvous_ownership_moves_only_the_buckets_of_a_joining_member() -> No
     assert {rendezvous_owner(b, {"a": None}) for b in range(50)} == {"a"}
 
 
-CLI = [sys.executable, "-m", "embodied_bus.cli.main"]
-
-
-def _worker(
-    url: str, ns: str, wid: str, mode: str, config: Path = CONFIG, *, json_summary: bool = True
-) -> subprocess.Popen[str]:
-    """A ``fuse`` worker process (``json_summary=False``: it says "fusing ..." once subscribed,
-    and prints its summary as one JSON line at the end)."""
-    return subprocess.Popen(
-        [
-            *CLI,
-            "fuse",
-            "--config",
-            str(config),
-            "--bus",
-            url,
-            "--ns",
-            ns,
-            "--scale-out",
-            mode,
-            "--worker-id",
-            wid,
-            *(["--json"] if json_summary else []),
-        ],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-    )
+def _worker(url: str, ns: str, wid: str, mode: str, config: Path = CONFIG) -> subprocess.Popen[str]:
+    return worker(url, ns, wid, mode, config)
 
 
 @pytest.mark.parametrize("engine_name", ["zenoh", "pulsar"])
@@ -170,6 +150,13 @@ async def test_three_workers_publish_every_bucket_once_through_join_kill_and_lea
     # Zenoh: every worker sees every sample. Pulsar: the slots are re-dealt only between two
     # samples, and redelivered samples older than those seen are not mistaken for duplicates.
     incomplete = [(f.bucket, f.missing, f.forced) for f in with_lidar if not f.complete]
+    # no sweep's bucket goes out without its sweep (opened from the streams every worker gets)
+    without = [
+        (f.bucket, sorted(f.members), f.forced)
+        for f in frames
+        if f.bucket in expected and not f.member("lidar/top")
+    ]
+    assert not without, without
     assert len(with_lidar) == sweeps and complete >= sweeps - 3, (
         f"{engine_name}: {complete} of {sweeps} complete; incomplete (bucket, missing, forced): {incomplete}"
     )
@@ -276,21 +263,15 @@ TILT_SPEC: dict[str, Any] = {
     },
 }
 
-Signature = tuple[int, dict[str, tuple[int, ...]]]
+
+#: The streams Key_Shared deals out by bucket (the others every worker receives whole).
+SHARED = ("scan", "imu_data")
 
 
-def _signature(frame: MultiModalFrame) -> Signature:
-    """What a frame took: its reference stamp and each member's stamps."""
-    members = {name: tuple(m.stamp_ns for m in ms) for name, ms in sorted(frame.members.items())}
-    return frame.reference_stamp_ns, members
-
-
-def _one_worker_frames() -> dict[int, Signature]:
-    """The frames one worker alone makes of the recording, in the order replay publishes it."""
-    spec = spec_from_dict(TILT_SPEC)
-    asm = Assembler(spec)
+def _recorded_samples(spec: FusionSpec) -> list[Sample]:
+    """The recording's samples as replay publishes them, in its order."""
     seqs: dict[str, int] = {}
-    frames: list[MultiModalFrame] = []
+    out = []
     for m in read_recording(TILT, topics=list(TILT_TOPICS)):
         assert isinstance(m, RecordedMessage)
         stream = topic_to_stream(m.topic)
@@ -309,36 +290,8 @@ def _one_worker_frames() -> dict[int, Signature]:
             publish_ns=m.log_time_ns,
             flags=HeaderFlags.NONE,
         )
-        frames += [e for e in asm.push(Sample(h, b"", m.log_time_ns)) if isinstance(e, MultiModalFrame)]
-    frames += [e for e in asm.flush() if isinstance(e, MultiModalFrame)]
-    return {f.bucket: _signature(f) for f in frames}
-
-
-def _key_shared_consumers(web_url: str, ns: str, stream: str) -> int:
-    topic = f"public/default/eb.{ns}.{stream}"
-    try:
-        with urllib.request.urlopen(f"{web_url}/admin/v2/persistent/{topic}/stats", timeout=5) as resp:
-            stats = json.load(resp)
-    except urllib.error.HTTPError as err:
-        if err.code == 404:  # no consumer has subscribed yet
-            return 0
-        raise
-    return len(stats.get("subscriptions", {}).get("eb-fusion-tilt", {}).get("consumers", []))
-
-
-def _last_json(out: str) -> Any:
-    """The JSON document at the end of a process's output (after any log lines)."""
-    start = 0 if out.startswith("{") else out.rindex("\n{") + 1
-    return json.loads(out[start:])
-
-
-def _ready_line(proc: subprocess.Popen[str], timeout_s: float) -> str:
-    """The worker's first stdout line ("fusing ... -> frames/..." once it is subscribed)."""
-    box: list[str] = []
-    reader = threading.Thread(target=lambda: box.append(proc.stdout.readline() if proc.stdout else ""))
-    reader.start()
-    reader.join(timeout_s)
-    return box[0] if box else ""
+        out.append(Sample(h, b"", m.log_time_ns))
+    return out
 
 
 @pytest.mark.parametrize("engine_name", ["zenoh", "pulsar"])
@@ -352,7 +305,8 @@ async def test_a_recording_replayed_into_three_workers_one_killed_gives_the_fram
     killed worker had published but not yet sent."""
     spec_path = tmp_path / "tilt.yaml"
     spec_path.write_text(yaml.safe_dump({"fusion": TILT_SPEC}))
-    expected = _one_worker_frames()
+    spec = spec_from_dict(TILT_SPEC)
+    expected = one_worker_frames(spec, _recorded_samples(spec))
     ns = f"tilt{engine_name}{uuid.uuid4().hex[:8]}"
     if engine_name == "zenoh":
         port = free_port()
@@ -360,23 +314,23 @@ async def test_a_recording_replayed_into_three_workers_one_killed_gives_the_fram
     else:
         hub_url = url = request.getfixturevalue("pulsar_url")
         mode = "key-shared"
-    workers = [_worker(url, ns, f"w{i}", mode, spec_path, json_summary=False) for i in (1, 2, 3)]
+    workers = [worker(url, ns, f"w{i}", mode, spec_path, json_summary=False) for i in (1, 2, 3)]
     replay: subprocess.Popen[str] | None = None
-    frames: list[MultiModalFrame] = []
-    killed_at = -1
     try:
         async with open_bus(hub_url, namespace=ns) as hub:
             frames_sub = await hub.subscribe(
                 "frames/tilt", options=SubscriptionOptions(capacity=10_000, backpressure=Backpressure.BLOCK)
             )
             for w in workers:
-                line = await asyncio.to_thread(_ready_line, w, 60)
+                line = await asyncio.to_thread(ready_line, w, 60)
                 assert line.startswith("fusing"), f"a worker did not start: {line!r}"
             if engine_name == "pulsar":
                 broker = request.getfixturevalue("pulsar_broker")
                 web = broker.web_url if broker is not None else "http://127.0.0.1:8080"
                 await wait_until(
-                    lambda: all(_key_shared_consumers(web, ns, s) == 3 for s in ("scan", "imu_data")),
+                    lambda: all(
+                        key_shared_consumers(web, ns, s, "eb-fusion-tilt") == 3 for s in ("scan", "imu_data")
+                    ),
                     30,
                     "three Key_Shared consumers on the shared streams",
                 )
@@ -389,43 +343,15 @@ async def test_a_recording_replayed_into_three_workers_one_killed_gives_the_fram
                 stderr=subprocess.PIPE,
                 text=True,
             )
-            # SIGKILL w2 a third of the way through the recording (17.7 s at rate 2)
-            t_kill = time.monotonic() + 1.0 + 17.7 / 2 / 3
-            while set(expected) - {f.bucket for f in frames}:
-                if killed_at < 0 and time.monotonic() >= t_kill:
-                    workers[1].send_signal(signal.SIGKILL)
-                    killed_at = len(frames)
-                try:
-                    wait_s = max(0.05, t_kill - time.monotonic()) if killed_at < 0 else 8.0
-                    frames.append(decode_frame((await frames_sub.recv(timeout_s=wait_s)).payload))
-                except TimeoutError:
-                    if killed_at >= 0:
-                        break  # 8 s without a frame: the rest is lost
+            # w2 is SIGKILLed a third of the way through the recording (17.7 s at rate 2)
+            kill_at = time.monotonic() + 1.0 + 17.7 / 2 / 3
+            frames, killed_at = await frames_killing_one(frames_sub, expected, workers[1], kill_at)
     finally:
-        for w in workers:
-            if w.poll() is None:
-                w.send_signal(signal.SIGINT)
-        outs = [w.communicate(timeout=30)[0] for w in workers]
+        outs = stop_all(workers)
         replayed = replay.communicate(timeout=30) if replay is not None else ("", "")
     assert replay is not None and replay.returncode == 0, replayed[1][-2000:]
-    summary = _last_json(replayed[0])
-    assert summary["no_subscriber"] == [], summary
-    buckets = [f.bucket for f in frames]
-    assert len(buckets) == len(set(buckets)), "a bucket was published twice"
-    got = {f.bucket: _signature(f) for f in frames}
-    differ = {b: (got[b], expected.get(b)) for b in got if got[b] != expected.get(b)}
-    assert not differ, (
-        f"{len(differ)} of {len(got)} frames differ from one worker's: {list(differ.items())[:3]}"
+    assert last_json(replayed[0])["no_subscriber"] == []
+    lost = assert_one_workers_frames(
+        frames, expected, [last_json(outs[0]), last_json(outs[2])], lossless=engine_name == "pulsar"
     )
-    lost = sorted(set(expected) - set(got))
-    print(f"{engine_name}: {len(got)} of {len(expected)} frames, lost {lost}, killed after frame {killed_at}")
-    summaries = [_last_json(outs[0]), _last_json(outs[2])]
-    if engine_name == "pulsar":
-        assert not lost, f"lost buckets {lost}"
-        # the survivors assembled the killed worker's unacknowledged buckets, with the context
-        # streams they keep; every shared sample came to the owner of its bucket's slot
-        assert sum(s["recovered"] + s["already_published"] for s in summaries) > 0, summaries
-        assert all(s["outside_slots"] == 0 and s["context"] > 0 for s in summaries), summaries
-    else:
-        # a crash loses at most the frames the killed worker published but had not yet sent
-        assert len(lost) <= 3, f"lost buckets {lost}"
+    print(f"{engine_name}: {len(frames)} of {len(expected)} frames, lost {lost}, w2 killed after {killed_at}")

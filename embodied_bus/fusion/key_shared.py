@@ -133,19 +133,24 @@ class KeyShared(Grouped):
         """The sample's stamp as the assembler sees it (clock offset applied), ns."""
         return (sample.stamp_ns or sample.receive_ns) + self._offsets.get(sample.stream, 0)
 
-    def owns(self, bucket: int) -> bool:
+    def in_slots(self, bucket: int) -> bool:
+        """Whether the bucket's samples are dealt to this worker now."""
         return in_ranges(bucket_slot(bucket), self.slots)
 
     def _admit_context(self, sample: Sample) -> Admission:
         """A sample of a stream every worker receives: assembled if its bucket is this worker's
-        (and not being recovered), else context for the neighbouring buckets."""
+        (and not being recovered or handed over), else context for the neighbouring buckets."""
         history = self.context_history
         history.append(sample)
         floor = self.stamp_of(sample) - self._history_ns
         while history and self.stamp_of(history[0]) < floor:
             history.popleft()
         b = self.worker.spec.clock.bucket_of(self.stamp_of(sample))
-        if b in self.recovering or time.monotonic() < self.settle_until or not self.owns(b):
+        if b in self.recovering or not self.in_slots(b):
+            return Admission.CONTEXT
+        if time.monotonic() < self.handover_until and b not in self.worker.assembler.open_bucket_ids:
+            # the shared samples of a bucket just dealt here may still be on their way (the
+            # broker redelivers them in any order): the bucket opens with its first one
             return Admission.CONTEXT
         return Admission.ASSEMBLE
 
@@ -196,7 +201,7 @@ class KeyShared(Grouped):
         spec = self.worker.spec
         asm = self.worker.assembler
         b = spec.clock.bucket_of(self.stamp_of(sample))
-        if not self.owns(b):
+        if not self.in_slots(b):
             if not self.outside_slots:
                 _log.warning(
                     "%s sample of bucket %d came outside this worker's slots %s", sample.stream, b, self.slots
@@ -331,6 +336,9 @@ class KeyShared(Grouped):
                 async with self.worker.handling:
                     pump.cancel()
                 await asyncio.gather(pump, return_exceptions=True)
+            # until the next deal no bucket is this one's: whole streams are context only (a
+            # bucket opened from them now would go out without its shared samples)
+            self.slots = ()
             if stop.is_set():
                 await self._finish_slots()  # before the consumer closes: its acks go out
             if sub is not None:
