@@ -1,17 +1,18 @@
 #!/usr/bin/env python3
-"""Fusion benchmark: the transport-free assembler on a realistic scenario (lidar 10 Hz, camera
-30 Hz, GPS 5 Hz, IMU 200 Hz with stamp jitter and transport latency) and its fault variants,
-plus samples/s through one fusion worker over embedded Zenoh. Prints one JSON document.
+"""Fusion benchmark: our assembler beside message_filters' own ApproximateTimeSynchronizer, in
+the same run, on the same samples: a nominal robot (lidar 10 Hz, camera 30 Hz, GPS 5 Hz, IMU
+200 Hz with stamp jitter and transport latency), its fault variants, and sensor clocks as
+robots have them (a 10.03 or 9.98 Hz lidar, a 29.97 Hz camera with 3 ms jitter, IMU jitter, a
+clock offset, stamp bursts under load). Plus samples/s through one fusion worker over embedded
+Zenoh and of the assembler alone. Prints one JSON document.
 
-Latencies are in the scenario's simulated clock: a frame is "emitted" at the arrival time of the
-sample whose push produced it. Added latency is reported over all complete frames and split by
-whether every sample the frame could have used arrived (a frame that lost one can only be
-decided when later data shows the loss). Assembler CPU time is process CPU time, the fastest of
-three identical runs.
-
-Beside ours, in the same run on the same samples: message_filters' ApproximateTime policy
-(``bench/approximate_time.py``, a port of its published algorithm that reproduces the upstream
-test cases) with the four topics, at a queue size of 10 (what examples use) and 100.
+Ours, per scenario: sweeps in exactly one frame, camera images used, IMU samples in exactly one
+frame, camera skew p99, added latency p50/p99 (in the scenario's clock: a frame is "emitted" at
+the arrival of the sample whose push produced it), and whether the frames equal the offline
+computation's (every nearest member truly the nearest). message_filters: the real ROS 2 Jazzy
+Python synchronizer, run under a Python with rclpy (``python -m embodied_bus.testing.ros2
+setup``), at queue size 10 / slop 50 ms and queue size 100 / slop 100 ms; where none is there,
+the C++ ApproximateTime policy's port (``bench/approximate_time.py``), labelled so.
 
 Usage: python bench/fusion.py [--quick]
 """
@@ -20,9 +21,13 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import dataclasses
 import json
+import subprocess
 import sys
+import tempfile
 import time
+from collections import Counter
 from pathlib import Path
 from typing import Any
 
@@ -34,197 +39,245 @@ sys.path.insert(0, str(ROOT / "bench"))
 
 from approximate_time import ApproximateTime  # noqa: E402
 
-from embodied_bus.fusion import Assembler, LateSample, MultiModalFrame, load_spec  # noqa: E402
-from embodied_bus.sim.scenario import Scenario, generate  # noqa: E402
-from embodied_bus.sim.scenario import lost_input as scenario_lost_input  # noqa: E402
+from embodied_bus.fusion import Assembler, MultiModalFrame, load_spec  # noqa: E402
+from embodied_bus.fusion.offline import digest, frame_record, offline_frames  # noqa: E402
+from embodied_bus.sim.scenario import REAL_CLOCKS, Scenario, generate  # noqa: E402
+from embodied_bus.testing.ros2 import find_ros_python  # noqa: E402
 
 MS = 1_000_000
-VARIANTS = {
-    "nominal": {},
-    "loss_5pct": {"loss": 0.05},
-    "camera_blackout_2s": {"camera_blackout": (20.0, 2.0)},
-    "camera_clock_offset_20ms": {"camera_offset_ns": 20 * MS},
-    "camera_delay_spike_250ms": {"camera_delay_spike": (20.0, 1.0, 250 * MS)},
+SPEC = load_spec(ROOT / "config" / "fusion.yaml")
+TOPICS = ("lidar/top", "camera/front", "gps", "imu")
+SCENARIOS: dict[str, Scenario] = {
+    "nominal_10hz": Scenario(),
+    "loss_5pct": Scenario(loss=0.05),
+    "camera_blackout_2s": Scenario(camera_blackout=(20.0, 2.0)),
+    "camera_delay_spike_250ms": Scenario(camera_delay_spike=(20.0, 1.0, 250 * MS)),
+    **REAL_CLOCKS,
 }
+#: (queue size, slop s) of the message_filters runs.
+MF_CONFIGS = ((10, 0.05), (100, 0.1))
+#: Repetitions of each assembler run; the CPU time of the fastest is reported.
+CPU_REPEATS = 3
 
 
 def pct(values: list[float], q: float) -> float | None:
     return round(float(np.percentile(values, q)), 3) if values else None
 
 
-#: Repetitions of each variant's assembler run; the CPU time of the fastest is reported (the
-#: output is deterministic, so every repetition does the same work).
-CPU_REPEATS = 3
-
-
-def run_variant(duration_s: float, **kw: Any) -> dict[str, Any]:
-    spec = load_spec(ROOT / "config" / "fusion.yaml")
-    lost: list[tuple[str, int]] = []
-    samples = generate(Scenario(duration_s=duration_s, **kw), lost=lost)
+def ours(samples: list[Any]) -> dict[str, Any]:
     cpu_s = float("inf")
     frames: list[tuple[MultiModalFrame, int]] = []
-    late = 0
-    for rep in range(CPU_REPEATS):
-        asm = Assembler(spec)
+    for _ in range(CPU_REPEATS):
+        asm = Assembler(SPEC)
         got: list[tuple[MultiModalFrame, int]] = []
-        n_late = 0
         t0 = time.process_time()
         for s in samples:
             for ev in asm.push(s):
                 if isinstance(ev, MultiModalFrame) and ev.pane == 0:
                     got.append((ev, s.receive_ns))
-                elif isinstance(ev, LateSample):
-                    n_late += 1
         cpu_s = min(cpu_s, time.process_time() - t0)
-        end_ns = samples[-1].receive_ns
-        got += [(f, end_ns) for f in asm.flush() if isinstance(f, MultiModalFrame)]
-        if rep == 0:
-            frames, late = got, n_late
-        elif [f.bucket for f, _ in got] != [f.bucket for f, _ in frames]:
-            raise AssertionError("the assembler gave different frames for the same input")
-    camera = next(st for st in spec.streams if st.name == "camera/front")
-    skew_bound_ms = spec.skew_ns(camera) / MS
-    # A frame "lost input" when a sample that its picks could have used was lost in transport.
-    lost_input = scenario_lost_input(spec, lost)
+        got += [(f, samples[-1].receive_ns) for f in asm.flush() if isinstance(f, MultiModalFrame)]
+        frames = got
+    count = Counter(s.stream for s in samples)
 
-    sweeps = sum(1 for s in samples if s.stream == "lidar/top")
-    imu_total = sum(1 for s in samples if s.stream == "imu")
-    with_lidar = [(f, t) for f, t in frames if f.member("lidar/top")]
-    complete = [(f, t) for f, t in with_lidar if f.complete]
-    skew = [
-        abs(f.member("camera/front").skew_ns) / MS
-        for f, _ in with_lidar  # type: ignore[union-attr]
-        if f.member("camera/front")
-    ]
-    added = [(t - f.last_arrival_ns) / MS for f, t in complete]
-    added_whole = [(t - f.last_arrival_ns) / MS for f, t in complete if not lost_input(f)]
-    added_lost = [(t - f.last_arrival_ns) / MS for f, t in complete if lost_input(f)]
-    e2e = [(t - f.reference_stamp_ns) / MS for f, t in with_lidar]
-    imu_used = sum(len(f.members.get("imu", ())) for f, _ in frames)
+    def once_pct(stream: str) -> float:
+        uses = Counter((m.sample.seq) for f, _ in frames for m in f.members.get(stream, ()))
+        return round(100 * sum(1 for v in uses.values() if v == 1) / max(1, count[stream]), 2)
+
+    cam = [abs(f.members["camera/front"][0].skew_ns) / MS for f, _ in frames if f.member("camera/front")]
+    added = [(t - f.last_arrival_ns) / MS for f, t in frames if f.last_arrival_ns]
+    same = digest(frame_record(f) for f, _ in frames) == digest(offline_frames(SPEC, samples))
     return {
-        "frames_per_s": round(len(frames) / duration_s, 2),
-        "lidar_coverage_pct": round(100 * len(with_lidar) / sweeps, 2),
-        "imu_samples_used_pct": round(100 * imu_used / imu_total, 2),
-        "complete_pct": round(100 * len(complete) / max(1, len(with_lidar)), 2),
-        "lidar_camera_skew_p50_ms": pct(skew, 50),
-        "lidar_camera_skew_p99_ms": pct(skew, 99),
-        "max_skew_ms": round(max(skew), 3) if skew else None,
-        "skew_bound_ms": skew_bound_ms,
-        "skew_within_bound": not skew or max(skew) <= skew_bound_ms,
+        "sweeps_in_exactly_one_frame_pct": once_pct("lidar/top"),
+        "camera_used_pct": once_pct("camera/front"),
+        "imu_in_exactly_one_frame_pct": once_pct("imu"),
+        "camera_skew_p99_ms": pct(cam, 99),
         "added_latency_p50_ms": pct(added, 50),
         "added_latency_p99_ms": pct(added, 99),
-        "complete_frames_with_all_input": len(added_whole),
-        "added_latency_p99_ms_all_input_arrived": pct(added_whole, 99),
-        "complete_frames_that_lost_input": len(added_lost),
-        "added_latency_p99_ms_lost_input": pct(added_lost, 99),
-        "end_to_end_p50_ms": pct(e2e, 50),
-        "end_to_end_p99_ms": pct(e2e, 99),
-        "late": late,
-        "incomplete": len(with_lidar) - len(complete),
-        "assembler_cpu_us_per_sample": round(cpu_s / len(samples) * 1e6, 2),
+        "frames_with_reference_lost": sum(1 for f, _ in frames if "lidar/top" in f.missing),
+        "equal_to_offline": same,
         "assembler_samples_per_s": round(len(samples) / cpu_s),
     }
 
 
-#: Topics of the message_filters synchronizer, in its input order (the lidar first).
-TOPICS = ("lidar/top", "camera/front", "gps", "imu")
-#: Queue sizes the message_filters synchronizer is measured at.
-QUEUE_SIZES = (10, 100)
+def message_filters_real(samples: dict[str, list[Any]], python: Path, env: dict[str, str]) -> dict[str, Any]:
+    """The real synchronizer on each scenario, in one child process per scenario."""
+    out: dict[str, Any] = {}
+    with tempfile.TemporaryDirectory() as tmp:
+        for name, ss in samples.items():
+            path = Path(tmp) / f"{name}.json"
+            rows = [[TOPICS.index(s.stream), s.stamp_ns, s.receive_ns, s.seq] for s in ss]
+            path.write_text(json.dumps({"topics": TOPICS, "samples": rows, "configs": MF_CONFIGS}))
+            run = subprocess.run(
+                [str(python), str(ROOT / "bench" / "message_filters_sets.py"), str(path)],
+                capture_output=True,
+                text=True,
+                env=env,
+                timeout=600,
+                check=True,
+            )
+            out[name] = json.loads(run.stdout.strip().splitlines()[-1])["runs"]
+    return out
 
 
-def run_message_filters(duration_s: float, queue_size: int, **kw: Any) -> dict[str, Any]:
-    """message_filters' ApproximateTime on the variant's samples, in arrival order: a set is
-    emitted at the arrival time of the sample whose ``add`` completed it."""
-    samples = generate(Scenario(duration_s=duration_s, **kw))
+def message_filters_port(samples: list[Any], queue_size: int) -> dict[str, Any]:
+    """The C++ ApproximateTime policy's port (when no real message_filters is there)."""
     sets: list[tuple[list[Any], int]] = []
     now = [0]
     sync = ApproximateTime(len(TOPICS), queue_size, lambda got: sets.append(([m for _, m in got], now[0])))
-    index = {name: i for i, name in enumerate(TOPICS)}
-    t0 = time.process_time()
     for s in samples:
         now[0] = s.receive_ns
-        sync.add(index[s.stream], s.stamp_ns, s)
-    cpu_s = time.process_time() - t0
-    sweeps = sum(1 for s in samples if s.stream == "lidar/top")
-    imu_total = sum(1 for s in samples if s.stream == "imu")
-    skew = [abs(m[1].stamp_ns - m[0].stamp_ns) / MS for m, _ in sets]
+        sync.add(TOPICS.index(s.stream), s.stamp_ns, s)
+    count = Counter(s.stream for s in samples)
+    used = {t: len({id(m[i]) for m, _ in sets}) for i, t in enumerate(TOPICS)}
+    cam = [abs(m[1].stamp_ns - m[0].stamp_ns) / MS for m, _ in sets]
     added = [(t - max(x.receive_ns for x in m)) / MS for m, t in sets]
-    e2e = [(t - m[0].stamp_ns) / MS for m, t in sets]
     return {
         "queue_size": queue_size,
-        "sets_per_s": round(len(sets) / duration_s, 2),
-        "lidar_coverage_pct": round(100 * len(sets) / sweeps, 2),
-        "imu_samples_used_pct": round(100 * len(sets) / imu_total, 2),
-        "lidar_camera_skew_p50_ms": pct(skew, 50),
-        "lidar_camera_skew_p99_ms": pct(skew, 99),
-        "max_skew_ms": round(max(skew), 3) if skew else None,
+        "sets": len(sets),
+        "used_pct": {t: round(100 * used[t] / max(1, count[t]), 2) for t in TOPICS},
+        "camera_skew_p99_ms": pct(cam, 99),
         "added_latency_p50_ms": pct(added, 50),
         "added_latency_p99_ms": pct(added, 99),
-        "end_to_end_p50_ms": pct(e2e, 50),
-        "end_to_end_p99_ms": pct(e2e, 99),
         "dropped_silently": sync.dropped,
-        "cpu_us_per_sample": round(cpu_s / len(samples) * 1e6, 2),
     }
 
 
-async def through_zenoh_worker(n_seconds: float) -> dict[str, Any]:
+async def publish_scenario(endpoint: str, n_seconds: float) -> None:
+    """The publisher process: the scenario's samples to the worker as fast as the engine takes
+    them, consecutive samples of one stream in one run (as a driver reading a burst would)."""
     from embodied_bus import Backpressure, PublisherOptions, open_bus
+
+    samples = generate(Scenario(duration_s=n_seconds))
+    opts = PublisherOptions(backpressure=Backpressure.BLOCK)
+    async with open_bus(f"zenoh://{endpoint}", namespace="bf") as bus:
+        pubs = {n: await bus.publisher(n, clock=SPEC.clock, options=opts) for n in TOPICS}
+        for p in pubs.values():
+            await p.wait_for_subscribers(20)
+        i = 0
+        while i < len(samples):
+            j = i
+            while j < len(samples) and samples[j].stream == samples[i].stream and j - i < 256:
+                j += 1
+            await pubs[samples[i].stream].publish_many(
+                [b""] * (j - i), stamps_ns=[s.stamp_ns for s in samples[i:j]]
+            )
+            i = j
+        for p in pubs.values():
+            await p.flush()
+
+
+async def _consume(n: int, consumer: str, n_seconds: float) -> dict[str, Any]:
+    """Samples/s of one consumer (a fusion worker, or a bare subscription: the floor) of the
+    publisher process, from its first sample to its last."""
+    from embodied_bus import Backpressure, SubscriptionOptions, open_bus
     from embodied_bus.fusion.worker import FusionWorker
     from embodied_bus.testing.ports import free_port
 
-    spec = load_spec(ROOT / "config" / "fusion.yaml")
-    samples = generate(Scenario(duration_s=n_seconds))
     port = free_port()
-    async with (
-        open_bus(f"zenoh:?listen=tcp/127.0.0.1:{port}", namespace="bf") as a,
-        open_bus(f"zenoh://127.0.0.1:{port}", namespace="bf") as b,
-    ):
-        worker = FusionWorker(b, spec, idle_flush_s=0.5, capacity=len(samples))
+    async with open_bus(f"zenoh:?listen=tcp/127.0.0.1:{port}", namespace="bf") as bus:
         stop = asyncio.Event()
-        task = asyncio.create_task(worker.run(stop))
-        await worker.ready.wait()
-        pubs = {
-            n: await a.publisher(
-                n, clock=spec.clock, options=PublisherOptions(backpressure=Backpressure.BLOCK)
+        count: list[int] = [0]
+        times: list[float] = []
+        if consumer == "worker":
+            worker = FusionWorker(bus, SPEC, idle_flush_s=1.0, capacity=16384)
+            push_many = worker.push_many
+
+            async def timed(samples: list[Any]) -> None:  # first and last sample handled
+                times.append(time.perf_counter())
+                await push_many(samples)
+                times.append(time.perf_counter())
+
+            worker.push_many = timed  # type: ignore[method-assign]
+            task = asyncio.create_task(worker.run(stop))
+            await worker.ready.wait()
+
+            def done() -> int:
+                return worker.assembler.stats.samples
+        else:
+            sub = await bus.subscribe(
+                TOPICS, options=SubscriptionOptions(capacity=16384, backpressure=Backpressure.BLOCK)
             )
-            for n in ("lidar/top", "camera/front", "gps", "imu")
-        }
-        for p in pubs.values():
-            await p.wait_for_subscribers(10)
-        t0 = time.perf_counter()
-        for s in samples:
-            await pubs[s.stream].publish(b"", stamp_ns=s.stamp_ns)
-        while worker.assembler.stats.samples < len(samples) and time.perf_counter() - t0 < 60:
-            await asyncio.sleep(0.005)
-        dt = time.perf_counter() - t0
+
+            async def drain() -> None:
+                async for _ in sub:
+                    if not count[0]:
+                        times.append(time.perf_counter())
+                    count[0] += 1
+                    if count[0] == n:
+                        times.append(time.perf_counter())
+
+            task = asyncio.create_task(drain())
+
+            def done() -> int:
+                return count[0]
+
+        pub = await asyncio.create_subprocess_exec(
+            sys.executable, __file__, "--publish", f"127.0.0.1:{port}", str(n_seconds)
+        )
+        deadline = time.perf_counter() + 120
+        while done() < n and time.perf_counter() < deadline:
+            await asyncio.sleep(0.01)
+        dt = times[-1] - times[0]
+        await pub.wait()
         stop.set()
-        await task
-    return {"samples": len(samples), "seconds": round(dt, 3), "samples_per_s": round(len(samples) / dt)}
+        if consumer == "worker":
+            await task
+        else:
+            task.cancel()
+    out = {"samples": done(), "seconds": round(dt, 3), "samples_per_s": round(done() / dt)}
+    if consumer == "worker":
+        out["waits_for_a_stream_behind"] = worker.summary()["aligned_waits"]
+    return out
+
+
+def through_zenoh(n_seconds: float) -> dict[str, Any]:
+    """One fusion worker fed by a publisher process over Zenoh, beside a bare subscription of
+    the same samples in the same run (the floor: what the engine hands a Python consumer)."""
+    n = len(generate(Scenario(duration_s=n_seconds)))
+    worker = asyncio.run(_consume(n, "worker", n_seconds))
+    floor = asyncio.run(_consume(n, "subscription", n_seconds))
+    return {
+        "worker": worker,
+        "bare_subscription": floor,
+        "ratio_to_bare_subscription": round(worker["samples_per_s"] / floor["samples_per_s"], 3),
+    }
 
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--quick", action="store_true", help="30 s scenarios instead of 60 s")
+    ap.add_argument("--quick", action="store_true", help="20 s scenarios instead of 60 s")
+    ap.add_argument("--publish", nargs=2, metavar=("ENDPOINT", "SECONDS"), help=argparse.SUPPRESS)
+    ap.add_argument("--only-worker", action="store_true", help="only the worker throughput")
     args = ap.parse_args()
-    duration = 30.0 if args.quick else 60.0
+    if args.publish:
+        asyncio.run(publish_scenario(args.publish[0], float(args.publish[1])))
+        return 0
+    if args.only_worker:
+        print(json.dumps({"one_worker_over_zenoh": through_zenoh(10.0 if args.quick else 120.0)}))
+        return 0
+    duration = 20.0 if args.quick else 60.0
+    samples = {name: generate(dataclasses.replace(sc, duration_s=duration)) for name, sc in SCENARIOS.items()}
     doc: dict[str, Any] = {
         "benchmark": "fusion",
         "scenario_s": duration,
-        "variants": {k: run_variant(duration, **v) for k, v in VARIANTS.items()},
+        "ours": {name: ours(ss) for name, ss in samples.items()},
     }
-    doc["one_worker_over_zenoh"] = asyncio.run(through_zenoh_worker(10.0 if args.quick else 20.0))
-    doc["targets"] = {
-        "lidar_coverage_pct": ">= 99.9",
-        "complete_pct_at_5pct_loss": ">= 99",
-        "added_latency_p99_ms_when_complete": "<= 5",
-        "skew_never_above_configured_bound": True,
-        "assembler_samples_per_s": ">= 100000",
-    }
-    doc["message_filters_approximate_time"] = {
-        k: {f"queue_{q}": run_message_filters(duration, q, **v) for q in QUEUE_SIZES}
-        for k, v in VARIANTS.items()
-    }
-    print(json.dumps(doc, indent=2))
+    ros = find_ros_python()
+    if isinstance(ros, str):
+        doc["message_filters"] = {
+            "implementation": f"port of the C++ ApproximateTime policy ({ros})",
+            "scenarios": {
+                name: [message_filters_port(ss, q) for q, _ in MF_CONFIGS] for name, ss in samples.items()
+            },
+        }
+    else:
+        doc["message_filters"] = {
+            "implementation": "message_filters.ApproximateTimeSynchronizer (ROS 2 Jazzy, Python)",
+            "scenarios": message_filters_real(samples, ros.python, ros.environ()),
+        }
+    doc["one_worker_over_zenoh"] = through_zenoh(10.0 if args.quick else 120.0)
+    print(json.dumps(doc, indent=1))
     return 0
 
 

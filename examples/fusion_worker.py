@@ -1,5 +1,6 @@
 """A fusion worker on your own spec: one frame per 10 Hz lidar sweep with the nearest camera
-image and every IMU sample, from synthetic sensors on an embedded Zenoh bus."""
+image and the IMU samples between the midpoints to the neighbouring sweeps, from synthetic
+sensors on an embedded Zenoh bus."""
 
 import asyncio
 
@@ -15,8 +16,8 @@ SPEC = spec_from_dict(
         "bucket_offset_ms": 50,
         "streams": {
             "lidar/top": {"role": "reference", "expected_period_ms": 100},
-            "camera/front": {"role": "required", "max_skew_ms": 40, "expected_period_ms": 33.3},
-            "imu": {"role": "optional", "pick": "all", "expected_period_ms": 5},
+            "camera/front": {"role": "required", "max_skew_ms": 40},
+            "imu": {"role": "optional", "pick": "all", "window": "around"},
         },
     }
 )
@@ -45,8 +46,8 @@ async def main() -> None:
         await task
         for f in frames[:5]:
             members = {name: len(ms) for name, ms in f.members.items()}
-            skew_ms = f.max_skew_ns / 1e6
-            print(f"bucket {f.bucket}: complete={f.complete} members={members} skew {skew_ms:.1f} ms")
+            skew = "n/a" if f.max_skew_ns is None else f"{f.max_skew_ns / 1e6:.1f} ms"
+            print(f"sweep at {f.reference_stamp_ns}: complete={f.complete} members={members} skew {skew}")
         print(worker.summary()["completeness_pct"], "% complete of", len(frames), "frames")
 
 

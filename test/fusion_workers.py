@@ -1,5 +1,5 @@
 """Fusion worker processes for the scale-out tests: start them, know when they listen, collect
-their frames while one is killed, and compare the frames with one worker's."""
+their frames while one is killed, and compare the frames with the offline computation's."""
 
 from __future__ import annotations
 
@@ -15,26 +15,24 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
-from embodied_bus.fusion import Assembler, FusionSpec, MultiModalFrame, decode_frame
+from embodied_bus.fusion import FusionSpec, MultiModalFrame, decode_frame
+from embodied_bus.fusion.offline import FrameRecord, frame_record, offline_frames
 from embodied_bus.model import Sample
 from embodied_bus.streams.subscriber import Subscription
 
 CLI = [sys.executable, "-m", "embodied_bus.cli.main"]
 
-#: What a frame took: its reference stamp and each member's stamps.
-Signature = tuple[int, dict[str, tuple[int, ...]]]
-
 
 def worker(
-    url: str, ns: str, wid: str, mode: str, config: Path, *, json_summary: bool = True
+    url: str, ns: str, wid: str, mode: str | None, config: Path, *, json_summary: bool = True
 ) -> subprocess.Popen[str]:
-    """A ``fuse`` worker process (``json_summary=False``: it says "fusing ..." once subscribed,
-    and prints its summary as one JSON line at the end)."""
+    """A ``fuse`` worker process (``mode`` None: alone; ``json_summary=False``: it says
+    "fusing ..." once subscribed, and prints its summary as one JSON line at the end)."""
     return subprocess.Popen(
         [
             *CLI,
             *("fuse", "--config", str(config), "--bus", url, "--ns", ns),
-            *("--scale-out", mode, "--worker-id", wid),
+            *(("--scale-out", mode, "--worker-id", wid) if mode is not None else ()),
             *(["--json"] if json_summary else []),
         ],
         stdout=subprocess.PIPE,
@@ -71,46 +69,46 @@ def key_shared_consumers(web_url: str, ns: str, stream: str, subscription: str) 
     return len(stats.get("subscriptions", {}).get(subscription, {}).get("consumers", []))
 
 
-def signature(frame: MultiModalFrame) -> Signature:
-    """What a frame took: its reference stamp and each member's stamps."""
-    members = {name: tuple(m.stamp_ns for m in ms) for name, ms in sorted(frame.members.items())}
-    return frame.reference_stamp_ns, members
-
-
-def one_worker_frames(spec: FusionSpec, samples: Iterable[Sample]) -> dict[int, Signature]:
-    """The frames one worker alone makes of ``samples`` (in this order), by bucket."""
-    asm = Assembler(spec)
-    frames = [e for s in samples for e in asm.push(s) if isinstance(e, MultiModalFrame)]
-    frames += [e for e in asm.flush() if isinstance(e, MultiModalFrame)]
-    return {f.bucket: signature(f) for f in frames if f.pane == 0}
+def one_worker_frames(spec: FusionSpec, samples: Iterable[Sample]) -> dict[int, FrameRecord]:
+    """The frames of ``samples`` (computed offline: what one worker gives when no stream is
+    late), by reference stamp."""
+    return {r.reference_stamp_ns: r for r in offline_frames(spec, samples)}
 
 
 async def frames_killing_one(
     frames_sub: Subscription,
     expected: Iterable[int] | None,
-    victim: subprocess.Popen[str],
-    kill_at: float,
+    victim: subprocess.Popen[str] | None,
+    kill_at: float | None,
     quiet_s: float = 8.0,
+    *,
+    kill_after_frames: int | None = None,
 ) -> tuple[list[MultiModalFrame], int]:
-    """Receive frames until every ``expected`` bucket came (None: any) or none came for
-    ``quiet_s``, SIGKILLing ``victim`` at ``kill_at`` (monotonic s). Returns the frames and how
-    many had come when the victim was killed."""
+    """Receive frames until every ``expected`` one came (reference stamps; None: any) or none
+    came for ``quiet_s``, SIGKILLing ``victim`` at ``kill_at`` (monotonic s; None: never).
+    ``kill_after_frames``: SIGKILL it once that many frames came instead. Returns the frames and
+    how many had come when the victim was killed."""
     frames: list[MultiModalFrame] = []
     missing = set(expected) if expected is not None else {-1}
     killed_at = -1
+    armed = victim is not None and (kill_at is not None or kill_after_frames is not None)
     while missing:
-        if killed_at < 0 and time.monotonic() >= kill_at:
-            victim.send_signal(signal.SIGKILL)
+        due = (kill_at is not None and time.monotonic() >= kill_at) or (
+            kill_after_frames is not None and len(frames) >= kill_after_frames
+        )
+        if armed and killed_at < 0 and due:
+            victim.send_signal(signal.SIGKILL)  # type: ignore[union-attr]
             killed_at = len(frames)
         try:
-            wait_s = max(0.05, kill_at - time.monotonic()) if killed_at < 0 else quiet_s
+            timed = armed and killed_at < 0 and kill_at is not None
+            wait_s = max(0.05, kill_at - time.monotonic()) if timed else quiet_s  # type: ignore[operator]
             frame = decode_frame((await frames_sub.recv(timeout_s=wait_s)).payload)
         except TimeoutError:
-            if killed_at >= 0:
+            if killed_at >= 0 or not timed:
                 break  # nothing for quiet_s: the rest is lost
             continue
         frames.append(frame)
-        missing.discard(frame.bucket)
+        missing.discard(frame.reference_stamp_ns)
     return frames, killed_at
 
 
@@ -124,26 +122,18 @@ def stop_all(procs: Iterable[subprocess.Popen[str] | None]) -> list[str]:
 
 
 def assert_one_workers_frames(
-    frames: list[MultiModalFrame], expected: dict[int, Signature], summaries: list[Any], *, lossless: bool
+    frames: list[MultiModalFrame], expected: dict[int, FrameRecord], summaries: list[Any]
 ) -> list[int]:
-    """Each frame once, each with one worker's members; no bucket lost if ``lossless`` (Pulsar),
-    else at most the few in flight when a worker was killed (Zenoh ring). The lost buckets."""
-    buckets = [f.bucket for f in frames]
-    assert len(buckets) == len(set(buckets)), "a bucket was published twice"
-    got = {f.bucket: signature(f) for f in frames}
-    differ = {b: (got[b], expected.get(b)) for b in got if got[b] != expected.get(b)}
+    """Each frame once, each with the members computed offline, none lost. The lost ones."""
+    keys = [f.reference_stamp_ns for f in frames]
+    assert len(keys) == len(set(keys)), "a frame was published twice"
+    got = {f.reference_stamp_ns: frame_record(f) for f in frames}
+    differ = {k: (got[k], expected.get(k)) for k in got if got[k] != expected.get(k)}
     assert not differ, (
-        f"{len(differ)} of {len(got)} frames differ from one worker's: {list(differ.items())[:3]}"
+        f"{len(differ)} of {len(got)} frames differ from the offline ones: {list(differ.items())[:3]}"
     )
     lost = sorted(set(expected) - set(got))
     assert all(not s["foreign_clock"] for s in summaries), summaries
-    if lossless:
-        assert not lost, f"lost buckets {lost}"
-        # the survivors assembled the killed worker's unacknowledged buckets, with the context
-        # streams they keep; every shared sample came to the owner of its bucket's slot
-        assert sum(s["recovered"] + s["already_published"] for s in summaries) > 0, summaries
-        assert all(s["outside_slots"] == 0 and s["context"] > 0 for s in summaries), summaries
-    else:
-        # a crash loses at most the frames the killed worker published but had not yet sent
-        assert len(lost) <= 3, f"lost buckets {lost}"
+    assert all(s.get("outside_slots", 0) == 0 for s in summaries), summaries
+    assert not lost, f"lost {len(lost)} frame(s): {lost[:10]}"
     return lost

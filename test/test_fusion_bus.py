@@ -95,17 +95,17 @@ def test_corrupt_frames_raise_clear_encoding_errors() -> None:
             decode_frame(blob)
 
 
-async def test_a_key_shared_worker_never_republishes_a_bucket_another_worker_already_published(
+async def test_a_key_shared_worker_never_republishes_a_frame_another_worker_already_published(
     pulsar_url: str,
 ) -> None:
-    """A worker that publishes a frame and dies before acknowledging its samples hands the
-    samples to the next owner; the next owner reads the frames stream up to its end first (and,
-    when it starts, the frames published shortly before)."""
+    """A worker that publishes a frame and dies before acknowledging its reference sample hands
+    the sample to the next owner; the next owner reads the frames stream up to its end first
+    (and, when it starts, the frames published shortly before)."""
     from embodied_bus import open_bus
 
     spec = dataclasses.replace(RELAXED, name=f"handover{time.monotonic_ns()}")
     samples = generate(Scenario(duration_s=1))
-    buckets = sorted({spec.clock.bucket_of(s.stamp_ns) for s in samples if s.stream == "lidar/top"})
+    sweeps = [s.stamp_ns for s in samples if s.stream == "lidar/top"]  # the frames' identities
     async with open_bus(pulsar_url, namespace=spec.name) as bus:
         worker = FusionWorker(bus, spec, idle_flush_s=0.3, scale_out=ScaleOutMode.KEY_SHARED)
         ks = worker.scale_out
@@ -115,9 +115,9 @@ async def test_a_key_shared_worker_never_republishes_a_bucket_another_worker_alr
             frames_stream(spec), options=SubscriptionOptions(capacity=1000, backpressure=Backpressure.BLOCK)
         )
         former = await bus.publisher(frames_stream(spec), clock=spec.clock, options=BLOCK_PUB)
-        early, late = buckets[::2], buckets[1::2]
-        for b in early:  # published before this worker starts (its tracking starts after them)
-            await former.publish(b"former owner", stamp_ns=spec.clock.start_ns(b) + 1)
+        early, late = sweeps[::2], sweeps[1::2]
+        for key in early:  # published before this worker starts (its tracking starts after them)
+            await former.publish(b"former owner", stamp_ns=key)
         await former.flush()
         task = asyncio.create_task(worker.run(stop))
         try:
@@ -126,16 +126,15 @@ async def test_a_key_shared_worker_never_republishes_a_bucket_another_worker_alr
             while not ks.slots:  # dealt its Key_Shared slots (a group of one: all of them)
                 assert time.monotonic() < deadline, "the worker never took its slots"
                 await asyncio.sleep(0.05)
-            await asyncio.sleep(max(0.0, ks.settle_until - time.monotonic()))
-            assert set(early) <= set(ks.published_buckets), "frames from before the start were missed"
+            assert all(k in ks.published_frames for k in early), "frames from before the start were missed"
             # the former owner's other frames, stored just before their samples come back
-            for b in late:
-                await former.publish(b"former owner", stamp_ns=spec.clock.start_ns(b) + 1)
+            for key in late:
+                await former.publish(b"former owner", stamp_ns=key)
             await former.flush()
-            # what the worker does before publishing a handed-over bucket: read the frames stream
+            # what the worker does before publishing a handed-over frame: read the frames stream
             # to its end (its tracking subscription alone could still be behind)
             await ks.sync_published()
-            assert set(buckets) <= set(ks.published_buckets)
+            assert all(k in ks.published_frames for k in sweeps)
             pubs = {
                 name: await bus.publisher(name, clock=spec.clock, options=BLOCK_PUB)
                 for name in ("lidar/top", "camera/front", "gps", "imu")
@@ -148,8 +147,8 @@ async def test_a_key_shared_worker_never_republishes_a_bucket_another_worker_alr
                 await pubs[s.stream].publish(b"x", stamp_ns=s.stamp_ns)
             for p in pubs.values():
                 await p.flush()
-            while ks.skipped < len(buckets):
-                assert time.monotonic() < deadline, f"skipped {ks.skipped} of {len(buckets)} buckets"
+            while ks.skipped < len(sweeps):
+                assert time.monotonic() < deadline, f"skipped {ks.skipped} of {len(sweeps)} frames"
                 await asyncio.sleep(0.05)
         finally:
             stop.set()
@@ -157,10 +156,10 @@ async def test_a_key_shared_worker_never_republishes_a_bucket_another_worker_alr
         assert await seen.catch_up(timeout_s=10)
         published = []
         while (sample := seen.recv_nowait()) is not None:
-            published.append(sample.bucket)
-    assert len(published) == len(set(published)), "a bucket was published twice"
-    assert set(buckets) <= set(published)
-    assert ks.sync_timeouts == 0
+            published.append(sample.stamp_ns)
+    assert len(published) == len(set(published)), "a frame was published twice"
+    assert set(sweeps) <= set(published)
+    assert ks.sync_timeouts == 0 and not ks.unacked
 
 
 async def test_a_fusion_worker_whose_bus_is_closed_under_it_stops_with_a_clear_error(

@@ -1,5 +1,6 @@
 """Scale-out over a Zenoh ownership ring and Pulsar Key_Shared: worker processes joining,
-killed and leaving mid-stream; every bucket is fused and published exactly once."""
+killed and leaving mid-stream; every frame is published exactly once, and re-fusing a recording
+gives the offline computation's frames on every engine, worker count and replay speed."""
 
 from __future__ import annotations
 
@@ -28,11 +29,13 @@ from fusion_workers import (
 )
 
 from embodied_bus import Backpressure, PublisherOptions, SubscriptionOptions, open_bus
-from embodied_bus.fusion import FusionSpec, decode_frame, load_spec, spec_from_dict
+from embodied_bus.fusion import FusionSpec, decode_frame, load_spec
+from embodied_bus.fusion.offline import digest, frame_record
 from embodied_bus.fusion.ownership import rendezvous_owner
 from embodied_bus.fusion.worker import FusionWorker, frames_stream
 from embodied_bus.model import Header, HeaderFlags, Modality, Sample
 from embodied_bus.replay import RecordedMessage, modality_of, read_recording, topic_to_stream
+from embodied_bus.replay.synthetic import write_recording
 from embodied_bus.sim.scenario import Scenario, generate
 from embodied_bus.testing.ports import free_port
 
@@ -124,10 +127,10 @@ async def test_three_workers_publish_every_bucket_once_through_join_kill_and_lea
                 if delay > 0:
                     await asyncio.sleep(delay)
                 await pubs[s.stream].publish(b"x", stamp_ns=s.stamp_ns)
-            sweeps = sum(1 for s in samples if s.stream == "lidar/top")
+            sweeps = sorted(s.stamp_ns for s in samples if s.stream == "lidar/top")
             frames = []
             try:
-                while sum(1 for f in frames if f.member("lidar/top")) < sweeps:
+                while sum(1 for f in frames if f.member("lidar/top")) < len(sweeps):
                     frames.append(decode_frame((await frames_sub.recv(timeout_s=10)).payload))
             except TimeoutError:
                 pass
@@ -138,37 +141,29 @@ async def test_three_workers_publish_every_bucket_once_through_join_kill_and_lea
                     w.send_signal(signal.SIGINT)
             outs = [w.communicate(timeout=30) if w is not None else ("", "") for w in (w1, w2, w3)]
             await watch.leave()
-    buckets = [f.bucket for f in frames]
-    duplicates = len(buckets) - len(set(buckets))
-    # Pulsar: a bucket the SIGKILLed worker published but had not yet acknowledged comes back to
+    keys = [f.reference_stamp_ns for f in frames]
+    # Pulsar: a frame the SIGKILLed worker published but had not yet acknowledged comes back to
     # its new owner, which reads the frames stream to its end before publishing it again.
-    assert duplicates == 0, "a bucket was published twice"
-    expected = {SPEC.clock.bucket_of(s.stamp_ns) for s in samples if s.stream == "lidar/top"}
-    assert expected <= set(buckets), f"lost buckets {sorted(expected - set(buckets))}"
+    assert len(keys) == len(set(keys)), "a frame was published twice"
+    assert set(sweeps) <= set(keys), f"lost sweeps {sorted(set(sweeps) - set(keys))[:10]}"
     with_lidar = [f for f in frames if f.member("lidar/top")]
     complete = sum(f.complete for f in with_lidar)
-    # Zenoh: every worker sees every sample. Pulsar: the slots are re-dealt only between two
-    # samples, and redelivered samples older than those seen are not mistaken for duplicates.
-    incomplete = [(f.bucket, f.missing, f.forced) for f in with_lidar if not f.complete]
-    # no sweep's bucket goes out without its sweep (opened from the streams every worker gets)
-    without = [
-        (f.bucket, sorted(f.members), f.forced)
-        for f in frames
-        if f.bucket in expected and not f.member("lidar/top")
-    ]
-    assert not without, without
-    assert len(with_lidar) == sweeps and complete >= sweeps - 3, (
-        f"{engine_name}: {complete} of {sweeps} complete; incomplete (bucket, missing, forced): {incomplete}"
+    incomplete = [(f.reference_stamp_ns, f.missing, f.forced) for f in with_lidar if not f.complete]
+    assert len(with_lidar) == len(sweeps) and complete >= len(sweeps) - 3, (
+        f"{engine_name}: {complete} of {len(sweeps)} complete; "
+        f"incomplete (stamp, missing, forced): {incomplete}"
     )
     assert "w3" in owners_seen or '"worker": "w3"' in outs[2][0]
     assert '"worker": "w1"' in outs[0][0], "w1 did not leave cleanly"
 
 
-async def test_ring_workers_stopping_at_the_same_moment_publish_each_open_bucket_once(tmp_path: Path) -> None:
-    """Every worker of a Zenoh ring stops at once with buckets still open: each leaves them to
-    the others, finds nobody left, and the one each bucket hashes highest to publishes it."""
+async def test_ring_workers_stopping_at_the_same_moment_publish_each_pending_frame_once(
+    tmp_path: Path,
+) -> None:
+    """Every worker of a Zenoh ring stops at once with frames still pending: each leaves them
+    to the others, finds nobody left, and the one each bucket hashes highest to publishes it."""
     doc = yaml.safe_load(CONFIG.read_text())
-    doc["fusion"]["lateness_ms"] = 60_000  # lidar-only buckets stay open until the stop
+    doc["fusion"]["lateness_ms"] = 60_000  # sweeps without images stay pending until the stop
     config = tmp_path / "fusion.yaml"
     config.write_text(yaml.safe_dump(doc))
     spec = load_spec(config)
@@ -216,18 +211,18 @@ async def test_ring_workers_stopping_at_the_same_moment_publish_each_open_bucket
         await until(lambda: all(len(w.ring.members()) == 3 for w in workers if w.ring), "ring not formed")
         for stamp in stamps[1:]:
             await lidar.publish(b"x", stamp_ns=stamp)
-        expected = {spec.clock.bucket_of(s) for s in stamps}
+        expected = set(stamps)
         await until(
-            lambda: all(expected <= set(w.assembler.open_bucket_ids) for w in workers), "buckets not open"
+            lambda: all(expected <= set(w.assembler.pending_stamps) for w in workers), "frames not pending"
         )
-        owners = {w.ring.owner(b) for w in workers if w.ring for b in expected}
+        owners = {w.ring.owner(spec.clock.bucket_of(t)) for w in workers if w.ring for t in expected}
         assert len(owners) >= 2, "the buckets should be spread over the workers"
         stop.set()  # all three at the same moment
         await asyncio.wait_for(asyncio.gather(*runs), 30)
         frames = []
         while len(frames) < len(expected):
             frames.append(decode_frame((await frames_sub.recv(timeout_s=10)).payload))
-    assert sorted(f.bucket for f in frames) == sorted(expected)
+    assert sorted(f.reference_stamp_ns for f in frames) == sorted(expected)
     assert all(f.member("lidar/top") and not f.complete for f in frames)
     assert sum(w.scale_out.summary()["published_on_stop"] for w in workers) == len(
         expected
@@ -235,45 +230,43 @@ async def test_ring_workers_stopping_at_the_same_moment_publish_each_open_bucket
     assert all(w.scale_out.summary()["handed_back"] == len(expected) for w in workers)
 
 
-# --- a recording through replay into three workers, one killed: the frames of one worker ----
+# --- re-fusing a recording: the same frames on every engine, worker count and speed -----------
 
 TILT = recording("plotjuggler_tilt_laser", "tilt_laser.bag")
 TILT_TOPICS = ("/scan", "/imu_data", "/position_gps", "/velocity")
-#: 50 ms buckets offset 20 ms: the 10 Hz scans fall in every other bucket; the GPS fix
-#: (hold_last, up to 200 ms old) and the 40 Hz velocity (nearest within 30 ms) are often
-#: taken from a neighbouring bucket.
+#: 50 ms buckets offset 20 ms: the scans (one every ~99.75 ms, drifting through their buckets)
+#: fall in every other bucket, so each worker of three publishes some; the IMU (all, between the
+#: midpoints), the GPS fix (hold_last, up to 200 ms old) and the 40 Hz velocity (nearest within
+#: 30 ms) are often taken from a neighbouring bucket.
 TILT_SPEC: dict[str, Any] = {
     "name": "tilt",
     "bucket_width_ms": 50,
     "bucket_offset_ms": 20,
     "lateness_ms": 1000,  # three workers, a broker and a replay on two cores
-    # lookahead 0: a pick is decided by the stream's next sample, never by its expected period
-    # (a jittery sensor would make the frames depend on arrival order across streams)
     "streams": {
-        "scan": {"role": "reference", "pick": "nearest", "expected_period_ms": 100, "lookahead": 0},
-        "imu_data": {"role": "required", "pick": "all", "expected_period_ms": 50, "lookahead": 0},
-        "position_gps": {
-            **{"role": "optional", "pick": "hold_last", "max_age_ms": 200},
-            **{"expected_period_ms": 50, "lookahead": 0},
-        },
-        "velocity": {
-            **{"role": "optional", "pick": "nearest", "max_skew_ms": 30},
-            **{"expected_period_ms": 25, "lookahead": 0},
-        },
+        "scan": {"role": "reference", "expected_period_ms": 100},
+        "imu_data": {"role": "required", "pick": "all", "window": "around"},
+        "position_gps": {"role": "optional", "pick": "hold_last", "max_age_ms": 200},
+        "velocity": {"role": "optional", "pick": "nearest", "max_skew_ms": 30},
     },
 }
+#: Seconds of the recording replayed (its first 8 s: 80 scans).
+SLICE_S = 8.0
 
 
-#: The streams Key_Shared deals out by bucket (the others every worker receives whole).
-SHARED = ("scan", "imu_data")
-
-
-def _recorded_samples(spec: FusionSpec) -> list[Sample]:
-    """The recording's samples as replay publishes them, in its order."""
+def _recorded_samples(
+    path: Path, topics: tuple[str, ...], spec: FusionSpec, duration_s: float
+) -> list[Sample]:
+    """The recording's samples as replay publishes them (its first ``duration_s`` of log time),
+    in its order."""
     seqs: dict[str, int] = {}
     out = []
-    for m in read_recording(TILT, topics=list(TILT_TOPICS)):
+    first: int | None = None
+    for m in read_recording(path, topics=list(topics)):
         assert isinstance(m, RecordedMessage)
+        first = m.log_time_ns if first is None else first
+        if m.log_time_ns - first > duration_s * 1e9:
+            break
         stream = topic_to_stream(m.topic)
         seqs[stream] = seqs.get(stream, 0) + 1
         h = Header(
@@ -294,64 +287,119 @@ def _recorded_samples(spec: FusionSpec) -> list[Sample]:
     return out
 
 
-@pytest.mark.parametrize("engine_name", ["zenoh", "pulsar"])
-async def test_a_recording_replayed_into_three_workers_one_killed_gives_the_frames_of_one_worker(
-    engine_name: str, request: pytest.FixtureRequest, tmp_path: Path
+#: (workers, whether the second is SIGKILLed mid-stream)
+LAYOUTS = {"one": (1, False), "three": (3, False), "three-one-killed": (3, True)}
+
+
+async def refuse(
+    request: pytest.FixtureRequest,
+    engine_name: str,
+    layout: str,
+    speed: str,
+    path: Path,
+    topics: tuple[str, ...],
+    spec_path: Path,
+    duration_s: float,
 ) -> None:
-    """hold_last and nearest picks reach into neighbouring buckets, which Key_Shared deals to
-    other workers: every worker still takes those streams whole, so each frame has the members
-    one worker alone gives it. Pulsar loses no bucket when a worker is SIGKILLed mid-stream (its
-    unacknowledged buckets go to the others); the Zenoh ring loses at most the frames the
-    killed worker had published but not yet sent."""
-    spec_path = tmp_path / "tilt.yaml"
-    spec_path.write_text(yaml.safe_dump({"fusion": TILT_SPEC}))
-    spec = spec_from_dict(TILT_SPEC)
-    expected = one_worker_frames(spec, _recorded_samples(spec))
-    ns = f"tilt{engine_name}{uuid.uuid4().hex[:8]}"
+    """Replay ``path`` (its first ``duration_s``) at ``speed`` into the workers of ``layout``
+    and check that they give the offline computation's frames, each once, none lost."""
+    n_workers, kill = LAYOUTS[layout]
+    spec = load_spec(spec_path)
+    expected = one_worker_frames(spec, _recorded_samples(path, topics, spec, duration_s))
+    ns = f"refuse{engine_name}{uuid.uuid4().hex[:8]}"
     if engine_name == "zenoh":
         port = free_port()
-        hub_url, url, mode = f"zenoh:?listen=tcp/127.0.0.1:{port}", f"zenoh://127.0.0.1:{port}", "ring"
+        hub_url, url = f"zenoh:?listen=tcp/127.0.0.1:{port}", f"zenoh://127.0.0.1:{port}"
+        mode = "ring" if n_workers > 1 else None
     else:
         hub_url = url = request.getfixturevalue("pulsar_url")
-        mode = "key-shared"
-    workers = [worker(url, ns, f"w{i}", mode, spec_path, json_summary=False) for i in (1, 2, 3)]
+        mode = "key-shared" if n_workers > 1 else None
+    workers = [worker(url, ns, f"w{i}", mode, spec_path, json_summary=False) for i in range(1, n_workers + 1)]
     replay: subprocess.Popen[str] | None = None
     try:
         async with open_bus(hub_url, namespace=ns) as hub:
             frames_sub = await hub.subscribe(
-                "frames/tilt", options=SubscriptionOptions(capacity=10_000, backpressure=Backpressure.BLOCK)
+                frames_stream(spec),
+                options=SubscriptionOptions(capacity=100_000, backpressure=Backpressure.BLOCK),
             )
             for w in workers:
                 line = await asyncio.to_thread(ready_line, w, 60)
                 assert line.startswith("fusing"), f"a worker did not start: {line!r}"
-            if engine_name == "pulsar":
+            if engine_name == "pulsar" and mode is not None:
                 broker = request.getfixturevalue("pulsar_broker")
                 web = broker.web_url if broker is not None else "http://127.0.0.1:8080"
+                sub_name = f"eb-fusion-{spec.name}"
                 await wait_until(
-                    lambda: all(
-                        key_shared_consumers(web, ns, s, "eb-fusion-tilt") == 3 for s in ("scan", "imu_data")
-                    ),
+                    lambda: key_shared_consumers(web, ns, spec.reference.name, sub_name) == n_workers,
                     30,
-                    "three Key_Shared consumers on the shared streams",
+                    "a Key_Shared consumer of the reference stream per worker",
                 )
             replay = subprocess.Popen(
                 [
-                    *(*CLI, "replay", str(TILT), "--bus", url, "--ns", ns, "--spec", str(spec_path)),
-                    *("--topics", *TILT_TOPICS, "--rate", "2", "--wait-subscribers", "20", "--json"),
+                    *(*CLI, "replay", str(path), "--bus", url, "--ns", ns, "--spec", str(spec_path)),
+                    *("--topics", *topics, "--duration", str(duration_s)),
+                    *(("--rate", "1") if speed == "rate-1" else ("--fast",)),
+                    *("--wait-subscribers", "20", "--json"),
                 ],
                 stdout=subprocess.PIPE,
                 stderr=subprocess.PIPE,
                 text=True,
             )
-            # w2 is SIGKILLed a third of the way through the recording (17.7 s at rate 2)
-            kill_at = time.monotonic() + 1.0 + 17.7 / 2 / 3
-            frames, killed_at = await frames_killing_one(frames_sub, expected, workers[1], kill_at)
+            frames, killed_at = await frames_killing_one(
+                frames_sub,
+                expected,
+                workers[1] if kill else None,
+                None,
+                kill_after_frames=len(expected) * 2 // 5 if kill else None,
+            )
     finally:
         outs = stop_all(workers)
         replayed = replay.communicate(timeout=30) if replay is not None else ("", "")
     assert replay is not None and replay.returncode == 0, replayed[1][-2000:]
     assert last_json(replayed[0])["no_subscriber"] == []
-    lost = assert_one_workers_frames(
-        frames, expected, [last_json(outs[0]), last_json(outs[2])], lossless=engine_name == "pulsar"
+    survivors = [last_json(o) for i, o in enumerate(outs) if not (kill and i == 1)]
+    assert_one_workers_frames(frames, expected, survivors)
+    assert digest(frame_record(f) for f in frames) == digest(expected.values())
+    if kill:
+        assert 0 < killed_at < len(expected), "the worker was not killed mid-stream"
+        assert workers[1].returncode == -signal.SIGKILL
+        taken = sum(s["taken_over"] for s in survivors)
+        print(
+            f"{engine_name} {speed}: {len(frames)} frames; w2 killed after {killed_at}, "
+            f"survivors took over {taken}"
+        )
+
+
+@pytest.mark.parametrize("speed", ["rate-1", "fast"])
+@pytest.mark.parametrize("layout", list(LAYOUTS))
+@pytest.mark.parametrize("engine_name", ["zenoh", "pulsar"])
+async def test_refusing_a_recording_gives_the_offline_frames_on_every_engine_worker_count_and_speed(
+    engine_name: str, layout: str, speed: str, request: pytest.FixtureRequest, tmp_path: Path
+) -> None:
+    """The oracle of fusion: a real recording replayed (``replay --spec``) at rate 1 or
+    ``--fast`` into one worker or three (a Zenoh ring; Pulsar Key_Shared), one of them
+    SIGKILLed mid-stream, gives exactly the frames computed offline from the recording: the
+    same members by stream, sequence number and stamp, compared by digest, each once, none
+    lost."""
+    spec_path = tmp_path / "tilt.yaml"
+    spec_path.write_text(yaml.safe_dump({"fusion": TILT_SPEC}))
+    await refuse(request, engine_name, layout, speed, TILT, TILT_TOPICS, spec_path, SLICE_S)
+
+
+@pytest.mark.parametrize("engine_name", ["zenoh", "pulsar"])
+async def test_a_minute_of_a_drifting_lidar_into_three_workers_of_the_shipped_spec_one_killed_loses_nothing(
+    engine_name: str, request: pytest.FixtureRequest, tmp_path: Path
+) -> None:
+    """A recording of a 10.03 Hz lidar and a 29.97 Hz camera with 3 ms jitter (config/fusion.yaml
+    as shipped), replayed fast into three workers, one SIGKILLed: every sweep's frame comes out
+    once with the offline members."""
+    path = tmp_path / "drift.mcap"
+    sc = Scenario(
+        duration_s=60,
+        rates_hz={"lidar/top": 10.03, "camera/front": 29.97},
+        jitter_ns={"camera/front": 6_000_000},
+        seed=7,
     )
-    print(f"{engine_name}: {len(frames)} of {len(expected)} frames, lost {lost}, w2 killed after {killed_at}")
+    write_recording(path, generate(sc))
+    topics = ("/lidar/top", "/camera/front", "/gps", "/imu")
+    await refuse(request, engine_name, "three-one-killed", "fast", path, topics, CONFIG, 60.0)

@@ -38,24 +38,18 @@ from ros_z import peer_command, peer_env
 
 pytestmark = pytest.mark.flaky(reruns=1)  # three workers, a bridge, ros-z and a broker on two cores
 
-#: lookahead 0: each pick is decided by its stream's next sample, so the frames do not depend
-#: on the order in which the streams' samples interleave.
+#: Each pick is decided by its own stream's samples, so the frames do not depend on the order
+#: in which the streams' samples interleave.
 FUSION: dict[str, Any] = {
     "name": "fused",
     "bucket_width_ms": 50,
     "bucket_offset_ms": 20,
     "lateness_ms": 1000,
     "streams": {
-        "lidar/top": {"role": "reference", "expected_period_ms": 100, "lookahead": 0},
-        "camera/front": {"role": "required", "max_skew_ms": 25, "expected_period_ms": 33.3, "lookahead": 0},
-        "gps": {
-            "role": "optional",
-            "pick": "hold_last",
-            "max_age_ms": 500,
-            "expected_period_ms": 200,
-            "lookahead": 0,
-        },
-        "imu": {"role": "optional", "pick": "all", "expected_period_ms": 10, "lookahead": 0},
+        "lidar/top": {"role": "reference", "expected_period_ms": 100},
+        "camera/front": {"role": "required", "max_skew_ms": 25},
+        "gps": {"role": "optional", "pick": "hold_last", "max_age_ms": 500},
+        "imu": {"role": "optional", "pick": "all", "window": "around"},
     },
 }
 TOPICS = {
@@ -124,11 +118,9 @@ async def test_ros_z_sensors_through_the_bridge_into_three_workers_one_killed_gi
                 broker = request.getfixturevalue("pulsar_broker")
                 web = broker.web_url if broker is not None else "http://127.0.0.1:8080"
                 await wait_until(
-                    lambda: all(
-                        key_shared_consumers(web, ns, s, "eb-fusion-fused") == 3 for s in ("lidar/top", "imu")
-                    ),
+                    lambda: key_shared_consumers(web, ns, "lidar/top", "eb-fusion-fused") == 3,
                     30,
-                    "three Key_Shared consumers on the shared streams",
+                    "three Key_Shared consumers of the reference stream",
                 )
             bridge = subprocess.Popen(
                 [*CLI, "ros-bridge", "--config", str(config), "--bus", url, "--ns", ns],
@@ -161,8 +153,6 @@ async def test_ros_z_sensors_through_the_bridge_into_three_workers_one_killed_gi
         for s in inputs
     )
     expected = one_worker_frames(spec, sorted(inputs, key=lambda s: s.header.publish_ns))
-    assert len(expected) > 80
-    lost = assert_one_workers_frames(
-        frames, expected, [last_json(outs[0]), last_json(outs[2])], lossless=engine_name == "pulsar"
-    )
+    assert len(expected) >= 50  # one per sweep: 10 Hz for 6 s
+    lost = assert_one_workers_frames(frames, expected, [last_json(outs[0]), last_json(outs[2])])
     print(f"{engine_name}: {len(frames)} of {len(expected)} frames, lost {lost}, w2 killed after {killed_at}")

@@ -209,7 +209,7 @@ async def run_pipeline(args: argparse.Namespace, p: Pipeline, frames: FrameLog) 
             elif not args.json:
                 print(status, flush=True)
         deadline = time.monotonic() + 5
-        while worker.assembler.open_buckets and time.monotonic() < deadline:
+        while worker.assembler.pending_frames and time.monotonic() < deadline:
             await asyncio.sleep(0.1)  # the worker flushes once input stops
         worker_stop.set()
         await worker_task
@@ -229,23 +229,34 @@ async def run_pipeline(args: argparse.Namespace, p: Pipeline, frames: FrameLog) 
         }
 
 
+def fusion_summary(fusion: dict[str, Any]) -> str:
+    """A pipeline's figures for a person: frames, completeness, skew per stream, added latency
+    p50/p99 and what the slowest frames waited on (``n/a`` where a figure is undefined)."""
+    by_stream = ", ".join(
+        f"{name} {fmt_ms(v['p50'])}/{fmt_ms(v['p99'])}" for name, v in fusion["skew_ms_by_stream"].items()
+    )
+    waits = ", ".join(f"{name} {n}" for name, n in fusion["waited_on"].items()) or "nothing"
+    slowest = "; ".join(
+        f"{f['added_latency_ms']} ms (waited on {f['waited_on']}{', forced' if f['forced'] else ''})"
+        for f in fusion["slowest_frames"][:3]
+    )
+    return (
+        f"{fusion['frames']} frames, {fusion['completeness_pct']}% complete, "
+        f"{fusion['reference_lost']} with the reference lost, presence {fusion['presence_pct']}\n"
+        f"  skew p50/p99 to the reference by stream: {by_stream or 'n/a'}\n"
+        f"  added latency p50/p99 {fmt_ms(fusion['added_latency_p50_ms'])}/"
+        f"{fmt_ms(fusion['added_latency_p99_ms'])} ({fusion['forced']} frames forced out by the "
+        f"lateness bound or the end of the data); the frames waited last on: {waits}; "
+        f"slowest: {slowest or 'n/a'}; late samples {fusion['late']}"
+    )
+
+
 def print_summary(summary: dict[str, Any]) -> None:
     """The demo's summary for a person: streams, fusion, actions and where the outputs are."""
     streams, fusion, actions = summary["streams"], summary["fusion"], summary["actions"]
     print("\nstreams")
     print(fmt_table(streams, ["stream", "received", "gaps", "dropped", "latency_p50_ms", "latency_p99_ms"]))
-    skew = (
-        "skew n/a (no input but the reference is picked nearest)"
-        if fusion["skew_p99_ms"] is None
-        else f"skew p50/p99 {fusion['skew_p50_ms']}/{fusion['skew_p99_ms']} ms"
-    )
-    print(
-        f"\nfusion: {fusion['frames']} frames, {fusion['completeness_pct']}% complete, presence "
-        f"{fusion['presence_pct']}, {skew}, "
-        f"added latency p99 {fusion['added_latency_on_completion_p99_ms']} ms on completion "
-        f"({fusion['added_latency_p99_ms']} ms with the {fusion['forced']} frames forced out by the "
-        f"lateness bound or the end of the replay), late {fusion['late']}"
-    )
+    print(f"\nfusion: {fusion_summary(fusion)}")
     print(
         f"actions: {actions['succeeded']} of {actions['submitted']} succeeded on executors "
         f"{actions['by_executor']}; {len(actions['retried'])} retried on another executor after a "

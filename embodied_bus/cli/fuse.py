@@ -6,7 +6,7 @@ import argparse
 import asyncio
 import json
 import sys
-from typing import IO
+from typing import IO, Any
 
 from embodied_bus.bus import open_bus
 from embodied_bus.cli.common import add_bus_args, add_metrics_arg, fmt_ms, install_stop_signals, serve_until
@@ -22,7 +22,7 @@ __all__ = ["add_parser"]
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
-    p = sub.add_parser("fuse", help="assemble per-bucket multi-modal frames from sensor streams")
+    p = sub.add_parser("fuse", help="assemble one multi-modal frame per reference sample from sensor streams")
     p.add_argument("--config", required=True, help="fusion spec YAML (see config/fusion.yaml)")
     add_bus_args(p)
     add_view_arg(p)
@@ -33,13 +33,25 @@ def add_parser(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-ar
         "--scale-out",
         choices=[m.value for m in ScaleOutMode],
         default=None,
-        help="share buckets with other workers of the same spec: ring (Zenoh ownership ring) "
-        "or key-shared (Pulsar Key_Shared slots)",
+        help="share the frames with other workers of the same spec: ring (Zenoh ownership ring) "
+        "or key-shared (Pulsar Key_Shared slots of the reference stream)",
     )
     p.add_argument("--worker-id", default=None, help="ring member id (default: random)")
     p.add_argument("--stages", metavar="FILE", help="also run the stages of this YAML in this process")
     add_metrics_arg(p)
     p.set_defaults(func=run)
+
+
+def status_line(m: dict[str, Any]) -> str:
+    """One line of a pipeline's figures: frames, completeness, skew and added latency p50/p99,
+    and what the frames waited on."""
+    waits = ", ".join(f"{name} {n}" for name, n in list(m["waited_on"].items())[:3]) or "nothing"
+    return (
+        f"frames {m['frames']} ({m['frames_per_s']}/s)  complete {m['completeness_pct']}%  "
+        f"skew p50/p99 {fmt_ms(m['skew_p50_ms'])}/{fmt_ms(m['skew_p99_ms'])}  "
+        f"added latency p50/p99 {fmt_ms(m['added_latency_p50_ms'])}/{fmt_ms(m['added_latency_p99_ms'])} "
+        f"({m['forced']} forced)  waited on {waits}  late {m['late']}"
+    )
 
 
 async def run(args: argparse.Namespace) -> int:
@@ -76,15 +88,7 @@ async def run(args: argparse.Namespace) -> int:
             def status() -> None:
                 if args.json:
                     return
-                m = worker.metrics.as_dict()
-                print(
-                    f"frames {m['frames']} ({m['frames_per_s']}/s)  complete {m['completeness_pct']}%  "
-                    f"skew p99 {fmt_ms(m['skew_p99_ms'])}  "
-                    f"added p99 {m['added_latency_on_completion_p99_ms']} ms on completion "
-                    f"({m['added_latency_p99_ms']} ms with {m['forced']} forced)  "
-                    f"late {m['late']}",
-                    flush=True,
-                )
+                print(status_line(worker.metrics.as_dict()), flush=True)
 
             await serve_until(
                 stop, [task, *stage_tasks], duration_s=args.duration, every_s=2.0, on_tick=status

@@ -10,7 +10,7 @@ __all__ = ["add_parser"]
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
-    p = sub.add_parser("plot", help="draw which modalities arrived per bucket, skew and latency")
+    p = sub.add_parser("plot", help="draw which modalities arrived per frame, skew and latency")
     p.add_argument("source", metavar="FRAMES.jsonl|MCAP")
     p.add_argument("-o", "--out", default="timeline.png", help="PNG to write (default timeline.png)")
     p.add_argument("--title", default="")

@@ -101,7 +101,7 @@ async def _watch(sub: Subscription, views: dict[str, FusionView], stop: asyncio.
         v.frames += 1
         v.complete += f.complete
         v.late = max(v.late, v.late + f.late_count)
-        if f.skew_measured:  # else 0 by definition (no member but the reference picked nearest)
+        if f.max_skew_ns is not None:  # None: no member besides the reference
             v.skew_ms.append(f.max_skew_ns / 1e6)
         if f.last_arrival_ns:
             v.added_ms.append((s.header.publish_ns - f.last_arrival_ns) / 1e6)

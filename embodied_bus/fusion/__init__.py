@@ -3,7 +3,7 @@
 from embodied_bus.fusion.assembler import (
     Assembler,
     AssemblerStats,
-    DroppedBucket,
+    DroppedFrame,
     Event,
     LateSample,
     StampJump,
@@ -25,7 +25,7 @@ __all__ = [
     "FRAME_ENCODING",
     "Assembler",
     "AssemblerStats",
-    "DroppedBucket",
+    "DroppedFrame",
     "Event",
     "FusionSpec",
     "Incomplete",

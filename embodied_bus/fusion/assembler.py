@@ -1,273 +1,312 @@
-"""The transport-free assembler: samples in, one MultiModalFrame per time bucket out.
+"""The transport-free assembler: samples in, one MultiModalFrame per reference sample out.
 
-Event-time semantics with a watermark per stream: after a stream delivered stamp ``t`` it is
-assumed to send nothing older than ``t + lookahead * expected_period`` (its watermark), unless a
-sample arrives out of order (then it is placed, or counted late if its bucket is gone). A
-bucket is emitted the moment every stream's pick is decided; it is never held back to prove
-optimality. A bucket is forced out when the furthest stamp seen on any stream passes its end plus
-the lateness bound (a blacked-out stream cannot stall the pipeline). Memory is bounded by the time
-horizon: samples older than the open buckets can still use are discarded.
+Every sample of the reference stream anchors one frame, whatever its phase in its time bucket
+(the bucket stays the routing and ownership unit: a frame belongs to the bucket of its
+anchor). A sample the reference lost, judged from its own learned cadence
+(:mod:`embodied_bus.fusion.cadence`), anchors a frame with the reference missing. The other
+streams are picked relative to the anchor's stamp; the windows of ``all`` / ``latest`` streams
+tile time, so each of their samples lands in exactly one frame.
+
+A pick is decided by the stream's own samples, never by a guess from its nominal period: once a
+sample stamped past what the pick could still use has arrived (streams arrive in stamp order;
+an out-of-order sample is placed while its frame is open). A stream is given up for a frame once
+the furthest stamp seen on any stream (the event time) is the lateness bound past the frame's
+reach *and* the stream has received nothing for the lateness bound while the others kept
+delivering (receive times, a stall of every stream at once not counted): a stream still
+delivering, only behind the others (another broker topic, a fast replay), is waited for, up to
+:data:`MAX_LAG_NS`. A sample that comes after its stream was given up is late. Frames go
+out in anchor order. The result is :func:`~embodied_bus.fusion.offline.offline_frames` of the
+same samples whenever nothing was given up, for any interleaving of the streams. Memory is
+bounded by the reach of the picks (and the lag of a slow stream).
 """
 
 from __future__ import annotations
 
-import bisect
 from collections import deque
 from dataclasses import dataclass
 
-from embodied_bus.fusion.events import AssemblerStats, DroppedBucket, Event, LateSample, StampJump
+from embodied_bus.fusion.cadence import Cadence, lost_anchors
+from embodied_bus.fusion.events import AssemblerStats, DroppedFrame, Event, LateSample, StampJump
 from embodied_bus.fusion.frame import Member, MultiModalFrame, new_member
-from embodied_bus.fusion.spec import FusionSpec, Incomplete, Pick, Role, StreamSpec
+from embodied_bus.fusion.picks import Anchor, Decision, Entry, Picker, StreamState
+from embodied_bus.fusion.spec import FusionSpec, Incomplete, Role
 from embodied_bus.model.header import HeaderFlags
 from embodied_bus.model.sample import Sample
 
 __all__ = [
+    "MAX_LAG_NS",
+    "STARTUP_NS",
     "Assembler",
     "AssemblerStats",
-    "DroppedBucket",
+    "DroppedFrame",
     "Event",
     "LateSample",
     "StampJump",
 ]
 
-#: Remembered (publisher, seq) pairs per stream for duplicate detection.
-_SEEN_WINDOW = 4096
+#: Emitted frames remembered to tell a late sample from an unused one.
+_RECENT_FRAMES = 64
 _STAMP_FALLBACK = int(HeaderFlags.STAMP_FALLBACK)
+#: A stream still delivering but this far behind the others (event time past a frame's
+#: lateness bound) is given up anyway, to bound memory (ns).
+MAX_LAG_NS = 10_000_000_000
+#: A stream that has delivered nothing yet is waited for this long after the first sample of
+#: any stream (wall clock, ns): subscriptions of separate topics start at their own pace.
+STARTUP_NS = 2_000_000_000
 
 
 @dataclass(slots=True)
-class _Entry:
+class _Emitted:
+    """A frame already out: its anchor and the stamp each single-sample pick took."""
+
     stamp_ns: int
-    sample: Sample
-    fallback: bool
-
-
-@dataclass(slots=True)
-class _Arrival:
-    """A sample accepted by :meth:`Assembler._arrive`: its stream, entry and bucket, and the
-    events its arrival caused (a clock jump)."""
-
-    stream: _Stream
-    entry: _Entry
     bucket: int
-    events: list[Event]
-
-
-class _Stream:
-    __slots__ = (
-        "clock_offset_ns",
-        "entries",
-        "last_stamp",
-        "lookahead_ns",
-        "seen",
-        "seen_order",
-        "spec",
-        "stamps",
-        "watermark",
-    )
-
-    def __init__(self, spec: StreamSpec) -> None:
-        self.spec = spec
-        self.clock_offset_ns = spec.clock_offset_ns
-        self.entries: list[_Entry] = []
-        self.stamps: list[int] = []
-        self.last_stamp: int | None = None
-        self.watermark: int | None = None
-        self.lookahead_ns = int(spec.lookahead * spec.expected_period_ns)
-        self.seen: set[tuple[int, int]] = set()
-        self.seen_order: deque[tuple[int, int]] = deque()
-
-    def insert(self, e: _Entry) -> None:
-        i = bisect.bisect_right(self.stamps, e.stamp_ns)
-        self.stamps.insert(i, e.stamp_ns)
-        self.entries.insert(i, e)
-
-    def between(self, lo: int, hi: int) -> list[_Entry]:
-        """Entries with lo <= stamp < hi."""
-        i = bisect.bisect_left(self.stamps, lo)
-        j = bisect.bisect_left(self.stamps, hi)
-        return self.entries[i:j]
-
-    def prune(self, before_ns: int) -> None:
-        i = bisect.bisect_left(self.stamps, before_ns)
-        if i:
-            del self.stamps[:i]
-            del self.entries[:i]
-
-    def reset(self) -> None:
-        self.entries.clear()
-        self.stamps.clear()
-        self.last_stamp = None
-        self.watermark = None
+    taken: dict[str, int | None]
 
 
 class Assembler:
     """Assembles MultiModalFrames from samples according to a :class:`FusionSpec`.
 
     Feed samples with :meth:`push`; each call returns the events it caused (frames, late
-    samples, stamp jumps, dropped buckets). Deterministic: the same input sequence gives the
-    same output. Not thread-safe: one assembler per worker task.
+    samples, stamp jumps, dropped frames). Deterministic: the same input gives the same output,
+    and the same frames for any interleaving of the streams that keeps each stream in stamp
+    order, as long as no stream is given up. Not thread-safe: one assembler per worker task.
     """
 
     def __init__(self, spec: FusionSpec) -> None:
         self.spec = spec
         self.clock = spec.clock
-        self._streams = {s.name: _Stream(s) for s in spec.streams}
-        self._ref = self._streams[spec.reference.name]
-        self._open: list[int] = []  # sorted open bucket ids
-        self._open_set: set[int] = set()
-        self._emitted_upto: int | None = None
-        self._late_counts: dict[int, int] = {}
+        self._ref_spec = spec.reference
+        self._picker = Picker(spec)
+        self._streams = {s.name: self._picker.stream(s) for s in spec.streams if s is not spec.reference}
+        self._ref = StreamState(spec.reference)
+        self._cadence = Cadence(spec.reference_period_ns)
+        #: Anchors whose frames are not out yet, in stamp order.
+        self._pending: deque[Anchor] = deque()
+        #: The last anchor added (pending or out) and the last real reference stamp.
+        self._last_anchor: Anchor | None = None
+        self._last_real_ns: int | None = None
+        self._last_out: Anchor | None = None
+        self._recent: deque[_Emitted] = deque(maxlen=_RECENT_FRAMES)
         self._event_time_ns: int | None = None
-        #: Streams whose pick was decided (not forced) per recently emitted bucket.
-        self._decided: dict[int, frozenset[str]] = {}
-        self._all_names = frozenset(self._streams)
-        self._horizon_ns = max(
-            [spec.skew_ns(s) for s in spec.streams]
-            + [spec.age_ns(s) for s in spec.streams if s.pick is Pick.HOLD_LAST]
-        )
+        #: The flowing clock (ns): receive times, each step capped at half the lateness bound,
+        #: so a stall of every stream at once (a paused process, a network blip) makes none of
+        #: them look silent; how long a stream has been silent is measured on it.
+        self._flow_ns = 0
+        self._last_receive_ns: int | None = None
+        self._flow_cap_ns = max(1, spec.lateness_ns // 2)
+        #: Event time at which the silent reference is taken to have lost its next sample.
+        self._silence_ns: int | None = None
+        #: Event time at which samples are next pruned while no frame is pending.
+        self._prune_at_ns = -(2**62)
+        self._late_counts: dict[int, int] = {}
         self.stats = AssemblerStats(presence={s.name: 0 for s in spec.streams})
-        #: (bucket, stream) whose undecided pick held back the oldest open bucket at the last
-        #: decision: until that stream (or the reference) gets a sample, nothing else can decide it.
-        self._blocker: tuple[int, _Stream] | None = None
+        #: (anchor, stream) whose undecided pick held back the oldest pending frame at the last
+        #: decision: until that stream (or the reference) gets a sample, nothing else decides it.
+        self._blocker: tuple[Anchor, StreamState] | None = None
         self._jump_ns = spec.jump_ns
-        self._width_ns = self.clock.width_ns
-        self._offset_ns = self.clock.offset_ns
         self._lateness_ns = spec.lateness_ns
+        self._keep_ns = self._picker.reach_before_ns + spec.lateness_ns + 2 * spec.reference_period_ns
 
     # ------------------------------------------------------------------ input
     def push(self, sample: Sample) -> list[Event]:
         """Add one sample; return the events it caused, in order."""
-        arrival = self._arrive(sample)
-        if arrival is None:
+        h = sample.header
+        name = h.stream
+        st = self._streams.get(name)
+        if st is None and name != self._ref_spec.name:
+            self.stats.ignored += 1
+            return []
+        state = st if st is not None else self._ref
+        entry = self._entry(state, sample)
+        if entry is None:
             return []
         self.stats.samples += 1
-        st, entry, bucket, events = arrival.stream, arrival.entry, arrival.bucket, arrival.events
+        arrival = sample.receive_ns
+        last = self._last_receive_ns
+        if last is None:
+            self._last_receive_ns = arrival
+        elif arrival > last:
+            self._flow_ns += min(arrival - last, self._flow_cap_ns)
+            self._last_receive_ns = arrival
+        state.last_arrival_ns = self._flow_ns
+        events = self._check_jump(state, entry.stamp_ns)
         stamp = entry.stamp_ns
-        if self._emitted_upto is not None and bucket <= self._emitted_upto:
-            decided = self._decided.get(bucket)
-            if decided is None or st.spec.name not in decided or st.spec.pick in (Pick.ALL, Pick.LATEST):
-                # Its bucket went out without a decision for this stream, or without this
-                # sample that `all` / `latest` would have taken: late data.
-                self.stats.late += 1
-                self._late_counts[bucket] = self._late_counts.get(bucket, 0) + 1
-                events.append(LateSample(sample, bucket, stamp))
-                if self.spec.late_panes:
-                    events.append(self._late_pane(bucket, entry))
-            else:
-                # On time, but its bucket was already decided without it (a nearer sample won).
-                self.stats.unused += 1
-            if stamp >= self._prune_floor():
-                st.insert(entry)  # may still serve an open bucket (nearest / hold_last)
-            if st.last_stamp is None or stamp > st.last_stamp:
-                st.last_stamp = stamp
-                st.watermark = max(st.watermark or stamp, stamp + st.lookahead_ns)
-            return events
-        self._keep(st, entry)
-        if bucket not in self._open_set:
-            self._open_set.add(bucket)
-            bisect.insort(self._open, bucket)
-        events.extend(self._emit_ready(st))
-        return events
-
-    def push_context(self, sample: Sample) -> list[Event]:
-        """Add a sample of a bucket another worker assembles (Key_Shared scale-out).
-
-        It serves only the picks of this assembler's buckets that reach past their edges
-        (``nearest``, ``hold_last``, ``interpolate``), and moves its stream's watermark and the
-        event time as any sample does; it never opens its own bucket and is never late here.
-        """
-        arrival = self._arrive(sample)
-        if arrival is None:
-            return []
-        self.stats.context += 1
-        st, entry, events = arrival.stream, arrival.entry, arrival.events
-        if entry.stamp_ns >= self._prune_floor():
-            self._keep(st, entry)
-        events.extend(self._emit_ready(st))
-        return events
-
-    def _arrive(self, sample: Sample) -> _Arrival | None:
-        """Stamp, de-duplicate and check a sample for clock jumps (None: not for this spec, or
-        seen before)."""
-        h = sample.header
-        st = self._streams.get(h.stream)
+        if self._event_time_ns is None or stamp > self._event_time_ns:
+            self._event_time_ns = stamp
         if st is None:
-            self.stats.ignored += 1
+            events.extend(self._add_reference(entry))
+        else:
+            events.extend(self._add_member(st, entry))
+        events.extend(self._emit_ready(state))
+        return events
+
+    def _entry(self, st: StreamState, sample: Sample) -> Entry | None:
+        """The sample's entry (stamped, clock offset applied), or None if seen before."""
+        h = sample.header
+        if not st.seen.first_time(h.publisher_id, h.seq):
+            self.stats.duplicates += 1
             return None
-        stats = self.stats
-        events: list[Event] = []
         stamp = h.stamp_ns
         if stamp == 0:
             stamp = sample.receive_ns
             fallback = True
         else:
             fallback = (int(h.flags) & _STAMP_FALLBACK) != 0
-        stamp += st.clock_offset_ns
         if fallback:
-            stats.stamp_fallbacks += 1
-        key = (h.publisher_id, h.seq)
-        seen = st.seen
-        if key in seen:
-            stats.duplicates += 1
-            return None
-        seen.add(key)
-        order = st.seen_order
-        order.append(key)
-        if len(order) > _SEEN_WINDOW:
-            seen.discard(order.popleft())
-        last = st.last_stamp
-        if last is not None and (stamp - last > self._jump_ns or last - stamp > self._jump_ns):
-            jump = StampJump(st.spec.name, last, stamp)
-            self.stats.stamp_jumps += 1
-            events.append(jump)
-            if jump.backwards:
-                # A clock reset (looping recording, rebooted sensor): close what is open and
-                # restart from the new time base.
-                if st is self._ref:
-                    events.extend(self.flush())
-                    for other in self._streams.values():
-                        other.reset()
-                    self._emitted_upto = None
-                    self._event_time_ns = None
-                else:
-                    st.reset()
-                self._blocker = None
-        bucket = (stamp - self._offset_ns) // self._width_ns
-        return _Arrival(st, _Entry(stamp, sample, fallback), bucket, events)
+            self.stats.stamp_fallbacks += 1
+        return Entry(stamp + st.spec.clock_offset_ns, sample, fallback)
 
-    def _keep(self, st: _Stream, entry: _Entry) -> None:
-        """Buffer an on-time entry; move its stream's watermark and the event time."""
-        stamp = entry.stamp_ns
-        if st.last_stamp is not None and stamp < st.last_stamp:
-            st.insert(entry)  # out of order within the window
+    def _check_jump(self, st: StreamState, stamp: int) -> list[Event]:
+        """Report a clock jump of the stream; a jump backwards restarts it (the reference: the
+        whole assembler, after forcing out what is pending)."""
+        last = st.progress_ns
+        if last is None or (stamp - last <= self._jump_ns and last - stamp <= self._jump_ns):
+            return []
+        jump = StampJump(st.spec.name, last, stamp)
+        self.stats.stamp_jumps += 1
+        events: list[Event] = [jump]
+        if not jump.backwards:
+            if st is self._ref:
+                self._end_segment()
+            return events
+        if st is self._ref:
+            events.extend(self.flush())
+            for other in self._streams.values():
+                other.reset()
+            self._ref.reset()
+            self._cadence.reset()
+            self._last_anchor = self._last_real_ns = self._last_out = None
+            self._recent.clear()
+            self._event_time_ns = None
         else:
-            st.entries.append(entry)
-            st.stamps.append(stamp)
-            st.last_stamp = stamp
-        if self._event_time_ns is None or stamp > self._event_time_ns:
-            self._event_time_ns = stamp
-        wm = stamp + st.lookahead_ns
-        if st.watermark is None or wm > st.watermark:
-            st.watermark = wm
+            st.reset()
+        self._blocker = None
+        return events
+
+    def _end_segment(self) -> None:
+        """The reference jumped forward: the last anchor has no next one (no lost samples are
+        assumed across the jump) and the next starts a new segment."""
+        if self._last_anchor is not None:
+            self._last_anchor.last = True
+        self._last_real_ns = None
+        self._cadence.reset()
+
+    def _add_reference(self, entry: Entry) -> list[Event]:
+        st = self._ref
+        t = entry.stamp_ns
+        if st.progress_ns is None or t > st.progress_ns:
+            st.progress_ns = t
+        last = self._last_anchor
+        if last is not None and t <= last.stamp_ns:
+            return self._reference_out_of_order(entry)
+        first = last is None or last.last
+        if last is not None and not first:
+            # lost samples between the last anchor (a real sample, or one due during a
+            # silence) and this one, judged from the learned cadence
+            period = self._cadence.period_ns
+            for lost in lost_anchors(last.stamp_ns, t, period):
+                self._append(Anchor(lost, None, period, first=False))
+        self._cadence.observe(t)
+        self._last_real_ns = t
+        self._append(Anchor(t, entry, self._cadence.period_ns, first=first))
+        return []
+
+    def _append(self, anchor: Anchor) -> None:
+        anchor.deadline_ns = self._picker.deadline_ns(anchor) + self._lateness_ns
+        self._pending.append(anchor)
+        self._last_anchor = anchor
+        self._silence_ns = None
+
+    def _reference_out_of_order(self, entry: Entry) -> list[Event]:
+        """A reference sample stamped at or before the last anchor: it replaces the lost-sample
+        anchor it belongs to if that frame is still pending; otherwise it is late (or a second
+        sample with an anchor's stamp)."""
+        t = entry.stamp_ns
+        for a in self._pending:
+            if a.entry is None and abs(a.stamp_ns - t) * 2 <= a.period_ns:
+                a.stamp_ns, a.entry = t, entry
+                self._blocker = None
+                return []
+            if a.stamp_ns == t:
+                break
+        if any(a.stamp_ns == t for a in self._pending) or (
+            self._last_out is not None and self._last_out.stamp_ns == t
+        ):
+            self.stats.unused += 1
+            return []
+        return self._late(entry, self.clock.bucket_of(t))
+
+    def _add_member(self, st: StreamState, entry: Entry) -> list[Event]:
+        stamp = entry.stamp_ns
+        events: list[Event] = []
+        if st.window_floor_ns is not None and stamp < st.window_floor_ns:
+            # its window is out: late, or before the first frame (never in one)
+            if st.first_floor_ns is not None and stamp >= st.first_floor_ns:
+                events.extend(self._late(entry, self.clock.bucket_of(stamp)))
+            else:
+                self.stats.unused += 1
+            return events
+        if (
+            st.window_floor_ns is None
+            and self._recent
+            and stamp <= self._recent[-1].stamp_ns + st.reach_after_ns
+        ):
+            hit = self._beats_emitted(st, stamp)
+            if hit is not None:
+                events.extend(self._late(entry, hit))
+                if st.progress_ns is None or stamp > st.progress_ns:
+                    st.progress_ns = stamp
+                st.insert(entry)  # it may still serve a pending frame
+                return events
+        st.add(entry)
+        return events
+
+    def _beats_emitted(self, st: StreamState, stamp: int) -> int | None:
+        """The bucket of an emitted frame that would have taken this sample (None: none)."""
+        name = st.spec.name
+        for em in reversed(self._recent):  # newest first
+            if stamp < em.stamp_ns - st.reach_before_ns:
+                continue
+            if stamp > em.stamp_ns + st.reach_after_ns:
+                break
+            if self._picker.would_take(st, em.stamp_ns, em.taken.get(name), stamp):
+                return em.bucket
+        return None
+
+    def _late(self, entry: Entry, bucket: int) -> list[Event]:
+        self.stats.late += 1
+        self._late_counts[bucket] = self._late_counts.get(bucket, 0) + 1
+        if len(self._late_counts) > 4 * _RECENT_FRAMES:
+            for old in sorted(self._late_counts)[: 2 * _RECENT_FRAMES]:
+                del self._late_counts[old]
+        events: list[Event] = [LateSample(entry.sample, bucket, entry.stamp_ns)]
+        if self.spec.late_panes:
+            events.append(self._late_pane(bucket, entry))
+        return events
 
     def advance(self, watermark_ns: int) -> list[Event]:
         """Declare that no stream will send stamps before ``watermark_ns`` (e.g. wall clock
-        minus the largest expected latency), forcing out buckets whose lateness passed."""
-        for st in self._streams.values():
-            if st.watermark is None or st.watermark < watermark_ns:
-                st.watermark = watermark_ns
+        minus the largest expected latency): picks waiting for samples before it are decided,
+        and frames whose lateness bound passed are forced out."""
+        for st in (*self._streams.values(), self._ref):
+            if st.progress_ns is None or st.progress_ns < watermark_ns:
+                st.progress_ns = watermark_ns
         if self._event_time_ns is None or watermark_ns > self._event_time_ns:
             self._event_time_ns = watermark_ns
-        return self._emit_ready()
+        self._blocker = None
+        return self._emit_ready(None)
 
     def flush(self) -> list[Event]:
-        """Emit every open bucket now (end of stream, shutdown)."""
+        """Emit every pending frame now (end of stream, shutdown)."""
         events: list[Event] = []
-        while self._open:
-            events.extend(self._emit(self._open[0], forced=True))
+        if self._last_anchor is not None:
+            self._last_anchor.last = True
+        while self._pending:
+            events.extend(self._emit(self._pending[0], forced=True))
         return events
 
+    # ------------------------------------------------------------------ state
     @property
     def event_time_ns(self) -> int | None:
         """The furthest stamp seen on any stream (None before the first sample)."""
@@ -275,241 +314,167 @@ class Assembler:
 
     @property
     def horizon_ns(self) -> int:
-        """How far before or after a reference stamp a pick may reach (ns)."""
-        return self._horizon_ns
+        """How far before a reference stamp a pick may reach (ns)."""
+        return self._picker.reach_before_ns
 
     @property
-    def emitted_upto(self) -> int | None:
-        """The highest bucket emitted so far (None before the first)."""
-        return self._emitted_upto
-
-    def reset_open(self) -> None:
-        """Forget open buckets and buffered samples, keeping what was emitted (used when a
-        Key_Shared worker's slots change: unacknowledged samples are redelivered)."""
-        for st in self._streams.values():
-            st.reset()
-            st.seen.clear()
-            st.seen_order.clear()
-        self._open.clear()
-        self._open_set.clear()
-        self._blocker = None
+    def emitted_upto_ns(self) -> int | None:
+        """The reference stamp of the last frame out (None before the first)."""
+        return self._last_out.stamp_ns if self._last_out is not None else None
 
     @property
-    def open_bucket_ids(self) -> frozenset[int]:
-        """Ids of the open buckets."""
-        return frozenset(self._open_set)
+    def pending_frames(self) -> int:
+        """Frames waiting for data."""
+        return len(self._pending)
 
     @property
-    def open_buckets(self) -> int:
-        """Buckets waiting for data."""
-        return len(self._open)
+    def pending_stamps(self) -> tuple[int, ...]:
+        """Reference stamps of the frames waiting for data."""
+        return tuple(a.stamp_ns for a in self._pending)
 
     @property
     def buffered_samples(self) -> int:
-        """Samples held for open buckets (bounded by the time horizon)."""
-        return sum(len(s.entries) for s in self._streams.values())
+        """Samples held for pending frames (bounded by the reach of the picks)."""
+        return sum(len(s.entries) for s in self._streams.values()) + len(self._pending)
 
     # ------------------------------------------------------------------ decisions
-    def _event_time(self) -> int | None:
-        """The furthest stamp observed (or declared with :meth:`advance`); look-ahead excluded."""
-        return self._event_time_ns
-
-    def _emit_ready(self, changed: _Stream | None = None) -> list[Event]:
-        """Emit the oldest buckets that are decided (or past the lateness bound).
+    def _emit_ready(self, changed: StreamState | None) -> list[Event]:
+        """Emit the oldest frames that are decided or past the lateness bound.
 
         Args:
-            changed: The only stream whose samples or watermark changed since the last call
-                (None: any may have). A bucket held back by another stream's pick is not
-                re-examined: its decision cannot have changed.
+            changed: The only stream whose samples changed since the last call (None: any
+                may have). A frame held back by another stream's pick is not re-examined.
         """
         events: list[Event] = []
-        while self._open:
-            b = self._open[0]
+        top = self._event_time_ns
+        while True:
+            if not self._pending and not self._lost_during_silence():
+                break
+            a = self._pending[0]
             blk = self._blocker
             if (
                 changed is None
                 or blk is None
-                or blk[0] != b
-                or blk[1] is changed
+                or blk[0] is not a
                 or changed is self._ref
                 or blk[1].spec.max_delay_ns is not None  # moved by any stream's stamps
+                or (
+                    blk[1] is changed
+                    and (a.need_ns is None or (changed.progress_ns or a.need_ns) >= a.need_ns)
+                )
             ):
-                decided = self._decide(b, forced=False)
-                if decided is not None:
-                    events.extend(self._finish(b, decided, forced=False))
+                decision = self._decide(a, forced=False)
+                if decision is not None:
+                    events.extend(self._finish(a, decision))
                     continue
-            top = self._event_time_ns
-            if top is not None and top >= (b + 1) * self._width_ns + self._offset_ns + self._lateness_ns:
-                events.extend(self._emit(b, forced=True))
+            if top is not None and top >= a.deadline_ns and self._given_up(a, top):
+                events.extend(self._emit(a, forced=True))
                 continue
             break
+        if not self._pending and top is not None and top >= self._prune_at_ns:
+            self._prune_idle(top)
         return events
 
-    def _emit(self, b: int, forced: bool) -> list[Event]:
-        decided = self._decide(b, forced=forced)
-        assert decided is not None
-        return self._finish(b, decided, forced)
+    def _silent(self, st: StreamState) -> bool:
+        """Whether ``st`` has received nothing for the lateness bound while the others kept
+        delivering (on the flowing clock). A stream that is still delivering, only behind the
+        others (another topic of a broker, a fast replay), is waited for."""
+        if st.progress_ns is None:  # never delivered: waited for a while after the start
+            return self._flow_ns >= max(self._lateness_ns, STARTUP_NS)
+        return self._flow_ns - st.last_arrival_ns >= self._lateness_ns
 
-    def _watermark(self, st: _Stream, default: int) -> int:
-        """The stream's watermark, moved up by the event time for a stream with ``max_delay``."""
-        wm = st.watermark if st.watermark is not None else default
-        delay = st.spec.max_delay_ns
-        if delay is not None and self._event_time_ns is not None and self._event_time_ns - delay > wm:
-            return self._event_time_ns - delay
-        return wm
+    def _given_up(self, a: Anchor, top: int) -> bool:
+        """Whether the stream holding back the frame of ``a`` (its event-time bound passed) is
+        given up: it is silent, or so far behind that memory must be bounded."""
+        blk = self._blocker
+        if blk is None or blk[0] is not a or top >= a.deadline_ns + MAX_LAG_NS:
+            return True
+        return self._silent(blk[1])
 
-    def _reference(self, b: int, forced: bool) -> tuple[int, _Entry | None] | None:
-        start, end = self.clock.start_ns(b), self.clock.end_ns(b)
-        st = self._ref
-        cands = st.between(start, end)
-        wm = self._watermark(st, start - 1)
-        if st.spec.pick is Pick.LATEST:
-            if wm >= end or forced:
-                return (cands[-1].stamp_ns, cands[-1]) if cands else ((start + end) // 2, None)
-            return None
-        centre = (start + end) // 2
-        if cands:
-            best = min(cands, key=lambda e: (abs(e.stamp_ns - centre), e.stamp_ns))
-            if forced or wm >= centre + abs(best.stamp_ns - centre):
-                return best.stamp_ns, best
-            return None
-        if forced or wm >= end:
-            return centre, None
-        return None
-
-    def _pick(self, st: _Stream, b: int, r: int, forced: bool) -> tuple[list[_Entry], float | None] | None:
-        """Entries of ``st`` for bucket ``b`` with reference ``r``; None if undecided."""
-        spec = st.spec
-        start, end = self.clock.start_ns(b), self.clock.end_ns(b)
-        wm = self._watermark(st, -(2**62))
-        pick = spec.pick
-        if pick is Pick.NEAREST:
-            skew = self.spec.skew_ns(spec)
-            cands = st.between(r - skew, r + skew + 1)
-            if cands:
-                best = min(cands, key=lambda e: (abs(e.stamp_ns - r), e.stamp_ns))
-                if forced or wm >= r + abs(best.stamp_ns - r):
-                    return [best], None
-                return None
-            return ([], None) if forced or wm >= r + skew else None
-        if pick in (Pick.LATEST, Pick.ALL):
-            if not (forced or wm >= end or self._full(st, start, end)):
-                return None
-            cands = st.between(start, end)
-            if pick is Pick.LATEST:
-                return (cands[-1:], None)
-            return list(cands), None
-        if pick is Pick.HOLD_LAST:
-            if not (forced or wm >= r):
-                return None
-            cands = st.between(r - self.spec.age_ns(spec), r + 1)
-            return (cands[-1:], None)
-        # INTERPOLATE
-        skew = self.spec.skew_ns(spec)
-        before = st.between(r - skew, r + 1)
-        after = st.between(r + 1, r + skew + 1)
-        if not after and not (forced or wm >= r + skew):
-            return None
-        b0 = before[-1] if before else None
-        a0 = after[0] if after else None
-        if b0 is not None and a0 is not None:
-            span = a0.stamp_ns - b0.stamp_ns
-            alpha = (r - b0.stamp_ns) / span if span else 0.0
-            return [b0, a0], alpha
-        one = b0 or a0
-        return ([one], None) if one is not None else ([], None)
-
-    @staticmethod
-    def _full(st: _Stream, start_ns: int, end_ns: int) -> bool:
-        """A periodic stream that already delivered as many samples as fit in the bucket
-        (``ceil(width / expected period)``) has nothing more for it: decide now instead of
-        waiting for its next sample (a sample that still comes is counted late, never lost).
-        Off with ``complete_by_count: false`` or ``lookahead: 0``."""
-        period = st.spec.expected_period_ns
-        if not period or st.spec.lookahead <= 0 or not st.spec.complete_by_count:
+    def _lost_during_silence(self) -> bool:
+        """With every frame out and the reference silent past the lateness bound, anchor a
+        frame where its next sample was due (reference missing). True if one was added."""
+        last, top = self._last_anchor, self._event_time_ns
+        if last is None or last.last or top is None:
             return False
-        n = bisect.bisect_left(st.stamps, end_ns) - bisect.bisect_left(st.stamps, start_ns)
-        return n >= -(-(end_ns - start_ns) // period)
+        if self._silence_ns is None:
+            due = Anchor(last.stamp_ns + last.period_ns, None, last.period_ns, first=False)
+            self._silence_ns = self._picker.deadline_ns(due) + self._lateness_ns
+        if top < self._silence_ns or not (self._silent(self._ref) or top >= self._silence_ns + MAX_LAG_NS):
+            return False
+        self._append(Anchor(last.stamp_ns + last.period_ns, None, last.period_ns, first=False))
+        return True
 
-    def _decide(self, b: int, forced: bool) -> tuple[int, dict[str, list[_Entry]], dict[str, float]] | None:
-        ref = self._reference(b, forced)
-        if ref is None:
-            self._blocker = (b, self._ref)
+    def _emit(self, a: Anchor, forced: bool) -> list[Event]:
+        decision = self._decide(a, forced=forced)
+        assert decision is not None
+        return self._finish(a, decision)
+
+    def _decide(self, a: Anchor, forced: bool) -> Decision | None:
+        decision = self._picker.decide(a, self._streams.values(), self._event_time_ns, self._flow_ns, forced)
+        if isinstance(decision, StreamState):
+            self._blocker = (a, decision)
             return None
-        r, ref_entry = ref
-        picked: dict[str, list[_Entry]] = {self._ref.spec.name: [ref_entry] if ref_entry else []}
-        interp: dict[str, float] = {}
-        for name, st in self._streams.items():
-            if st is self._ref:
-                continue
-            got = self._pick(st, b, r, forced)
-            if got is None:
-                self._blocker = (b, st)
-                return None
-            picked[name] = got[0]
-            if got[1] is not None:
-                interp[name] = got[1]
         self._blocker = None
-        return r, picked, interp
+        return decision
 
-    def _finish(
-        self, b: int, decided: tuple[int, dict[str, list[_Entry]], dict[str, float]], forced: bool
-    ) -> list[Event]:
-        r, picked, interp = decided
-        if forced:
-            names = set()
-            ref = self._reference(b, False)
-            if ref is not None:
-                names.add(self._ref.spec.name)
-                names.update(
-                    n
-                    for n, st in self._streams.items()
-                    if st is not self._ref and self._pick(st, b, ref[0], False) is not None
-                )
-            self._decided[b] = frozenset(names)
-        else:
-            # a stream the frame went out without (given up by max_delay, or none in reach) is
-            # not decided: a sample of it arriving now is late data, not "a nearer one won"
-            self._decided[b] = (
-                self._all_names
-                if all(picked.values())
-                else frozenset(n for n, got in picked.items() if got or n in interp)
-            )
-        if len(self._decided) > 256:
-            for old in sorted(self._decided)[:128]:
-                del self._decided[old]
-        self._open.remove(b)
-        self._open_set.discard(b)
-        self._emitted_upto = b if self._emitted_upto is None else max(self._emitted_upto, b)
-        # Buckets before b that never opened are gone too; prune history.
-        floor = self._prune_floor()
+    def _finish(self, a: Anchor, decision: Decision) -> list[Event]:
+        self._pending.popleft()
+        self._last_out = a
+        for name, lo_hi in decision.windows.items():
+            st = self._streams[name]
+            if a.first or st.first_floor_ns is None:
+                st.first_floor_ns = lo_hi[0]
+            st.window_floor_ns = lo_hi[1]
         for st in self._streams.values():
-            st.prune(floor)
-        missing = tuple(n for n, es in picked.items() if not es)
-        required_missing = [
-            n for n in missing if self._streams[n].spec.role in (Role.REFERENCE, Role.REQUIRED)
-        ]
-        complete = not required_missing
-        if forced:
+            st.prune(
+                st.window_floor_ns if st.window_floor_ns is not None else a.stamp_ns - st.reach_before_ns
+            )
+        b = self.clock.bucket_of(a.stamp_ns)
+        picked = decision.picked
+        self._recent.append(
+            _Emitted(
+                a.stamp_ns,
+                b,
+                {n: es[0].stamp_ns if es else None for n, es in picked.items() if n in decision.single},
+            )
+        )
+        ref_name = self._ref_spec.name
+        missing = tuple(n for n in (ref_name, *picked) if not (a.entry if n == ref_name else picked[n]))
+        complete = a.entry is not None and not any(
+            not picked[n] for n, st in self._streams.items() if st.spec.role is Role.REQUIRED
+        )
+        if decision.forced:
             self.stats.forced += 1
+        if a.entry is None:
+            self.stats.reference_lost += 1
         if not complete and self.spec.incomplete is Incomplete.DROP:
             self.stats.dropped_incomplete += 1
-            return [DroppedBucket(b, missing)]
+            return [DroppedFrame(b, a.stamp_ns, missing)]
+        return [self._frame(a, b, decision, missing, complete)]
+
+    def _frame(
+        self, a: Anchor, b: int, decision: Decision, missing: tuple[str, ...], complete: bool
+    ) -> MultiModalFrame:
+        r = a.stamp_ns
         members: dict[str, tuple[Member, ...]] = {}
-        max_skew = 0
-        skew_measured = False
+        presence = self.stats.presence
         last_arrival = 0
-        for name, es in picked.items():
+        if a.entry is not None:
+            e = a.entry
+            members[self._ref_spec.name] = (new_member(e.sample, e.stamp_ns, 0, e.fallback),)
+            presence[self._ref_spec.name] += 1
+            last_arrival = e.sample.receive_ns
+        max_skew: int | None = None
+        for name, es in decision.picked.items():
             if not es:
                 continue
-            self.stats.presence[name] += 1
-            ms = tuple([new_member(e.sample, e.stamp_ns, e.stamp_ns - r, e.fallback) for e in es])
-            members[name] = ms
-            spec = self._streams[name].spec
-            if spec.pick in (Pick.NEAREST, Pick.LATEST):
-                max_skew = max(max_skew, abs(ms[0].skew_ns))
-                skew_measured = skew_measured or spec.role is not Role.REFERENCE
+            presence[name] += 1
+            members[name] = tuple([new_member(e.sample, e.stamp_ns, e.stamp_ns - r, e.fallback) for e in es])
             for e in es:
+                skew = abs(e.stamp_ns - r)
+                if max_skew is None or skew > max_skew:
+                    max_skew = skew
                 if e.sample.receive_ns > last_arrival:
                     last_arrival = e.sample.receive_ns
         self.stats.frames += 1
@@ -517,30 +482,36 @@ class Assembler:
             self.stats.complete += 1
         else:
             self.stats.incomplete += 1
-        return [
-            MultiModalFrame(
-                bucket=b,
-                start_ns=self.clock.start_ns(b),
-                end_ns=self.clock.end_ns(b),
-                reference_stamp_ns=r,
-                members=members,
-                missing=missing,
-                complete=complete,
-                late_count=self._late_counts.pop(b, 0),
-                max_skew_ns=max_skew,
-                interpolation=interp,
-                forced=forced,
-                last_arrival_ns=last_arrival,
-                skew_measured=skew_measured,
-            )
-        ]
+        return MultiModalFrame(
+            bucket=b,
+            start_ns=self.clock.start_ns(b),
+            end_ns=self.clock.end_ns(b),
+            reference_stamp_ns=r,
+            members=members,
+            missing=missing,
+            complete=complete,
+            late_count=self._late_counts.pop(b, 0),
+            max_skew_ns=max_skew,
+            interpolation=decision.interpolation,
+            forced=decision.forced,
+            last_arrival_ns=last_arrival,
+            waited_on=decision.waited_on,
+        )
 
-    def _prune_floor(self) -> int:
-        if self._emitted_upto is None:
-            return -(2**62)
-        return self.clock.start_ns(self._emitted_upto + 1) - self._horizon_ns - self.clock.width_ns
+    def _prune_idle(self, top: int) -> None:
+        """No frame pending: drop samples too old for any frame still to come. Frames to come
+        are anchored at or after the reference's progress (it may lag the other streams), so
+        what reaches back from there is kept, up to :data:`MAX_LAG_NS` behind the event time."""
+        self._prune_at_ns = top + self._keep_ns // 4
+        ref = self._ref.progress_ns
+        floor = top - self._keep_ns - MAX_LAG_NS
+        if ref is not None and ref - self._keep_ns > floor:
+            floor = ref - self._keep_ns
+        for st in self._streams.values():
+            if st.window_floor_ns is None:
+                st.prune(floor)
 
-    def _late_pane(self, bucket: int, e: _Entry) -> MultiModalFrame:
+    def _late_pane(self, bucket: int, e: Entry) -> MultiModalFrame:
         centre = (self.clock.start_ns(bucket) + self.clock.end_ns(bucket)) // 2
         name = e.sample.header.stream
         return MultiModalFrame(

@@ -7,9 +7,10 @@ offset and length of its payload, so decoding slices the buffer without copying.
 
 from __future__ import annotations
 
-import json
 import struct
 from typing import Any
+
+import msgspec
 
 from embodied_bus.errors import EncodingError
 from embodied_bus.fusion.frame import Member, MultiModalFrame
@@ -30,58 +31,104 @@ MAX_META_BYTES = DEFAULT_LIMITS.max_frame_meta_bytes
 _MAGIC = b"EBF1"
 
 
+class _MemberMeta(msgspec.Struct, array_like=False):
+    """One member as the frame's JSON document lists it."""
+
+    stream: str
+    modality: int
+    seq: int
+    header_stamp_ns: int
+    stamp_ns: int
+    skew_ns: int
+    encoding: str
+    frame_id: str
+    publisher_id: int
+    publish_ns: int
+    receive_ns: int
+    flags: int
+    bucket: int
+    width_ns: int
+    offset_ns: int
+    offset: int
+    length: int
+    fallback: bool = False
+
+
+class _FrameMeta(msgspec.Struct):
+    """A frame's JSON document (without payloads)."""
+
+    bucket: int
+    start_ns: int
+    end_ns: int
+    reference_stamp_ns: int
+    members: list[_MemberMeta]
+    late_count: int = 0
+    pane: int = 0
+    last_arrival_ns: int = 0
+    missing: list[str] = msgspec.field(default_factory=list)
+    complete: bool = False
+    max_skew_ns: int | None = None
+    interpolation: dict[str, float] = msgspec.field(default_factory=dict)
+    forced: bool = False
+    waited_on: str | None = None
+
+
+_encode_meta = msgspec.json.Encoder().encode
+_decode_meta = msgspec.json.Decoder(_FrameMeta).decode
+
+
 def encode_frame(frame: MultiModalFrame) -> bytearray:
     """Serialize a frame with its members' payloads (one copy of each payload)."""
-    members: list[dict[str, Any]] = []
+    members: list[_MemberMeta] = []
     offset = 0
     payloads: list[bytes | memoryview] = []
     for name, ms in frame.members.items():
         for m in ms:
-            h = m.sample.header
-            n = len(m.sample.payload)
+            s = m.sample
+            h = s.header
+            n = len(s.payload)
             members.append(
-                {
-                    "stream": name,
-                    "modality": int(h.modality),
-                    "seq": h.seq,
-                    "header_stamp_ns": h.stamp_ns,
-                    "stamp_ns": m.stamp_ns,
-                    "skew_ns": m.skew_ns,
-                    "fallback": m.stamp_fallback,
-                    "encoding": h.encoding,
-                    "frame_id": h.frame_id,
-                    "publisher_id": h.publisher_id,
-                    "publish_ns": h.publish_ns,
-                    "receive_ns": m.sample.receive_ns,
-                    "flags": int(h.flags),
-                    "bucket": h.bucket,
-                    "width_ns": h.bucket_width_ns,
-                    "offset_ns": h.bucket_offset_ns,
-                    "offset": offset,
-                    "length": n,
-                }
+                _MemberMeta(
+                    name,
+                    int(h.modality),
+                    h.seq,
+                    h.stamp_ns,
+                    m.stamp_ns,
+                    m.skew_ns,
+                    h.encoding,
+                    h.frame_id,
+                    h.publisher_id,
+                    h.publish_ns,
+                    s.receive_ns,
+                    int(h.flags),
+                    h.bucket,
+                    h.bucket_width_ns,
+                    h.bucket_offset_ns,
+                    offset,
+                    n,
+                    m.stamp_fallback,
+                )
             )
-            payloads.append(m.sample.payload)
+            payloads.append(s.payload)
             offset += n
-    meta = json.dumps(
-        {
-            "bucket": frame.bucket,
-            "start_ns": frame.start_ns,
-            "end_ns": frame.end_ns,
-            "reference_stamp_ns": frame.reference_stamp_ns,
-            "missing": list(frame.missing),
-            "complete": frame.complete,
-            "late_count": frame.late_count,
-            "max_skew_ns": frame.max_skew_ns,
-            "interpolation": frame.interpolation,
-            "forced": frame.forced,
-            "pane": frame.pane,
-            "last_arrival_ns": frame.last_arrival_ns,
-            "skew_measured": frame.skew_measured,
-            "members": members,
-        },
-        separators=(",", ":"),
-    ).encode()
+    meta = _encode_meta(
+        _FrameMeta(
+            frame.bucket,
+            frame.start_ns,
+            frame.end_ns,
+            frame.reference_stamp_ns,
+            members,
+            frame.late_count,
+            frame.pane,
+            frame.last_arrival_ns,
+            list(frame.missing),
+            frame.complete,
+            frame.max_skew_ns,
+            frame.interpolation,
+            frame.forced,
+            frame.waited_on,
+        )
+    )
     out = bytearray(8 + len(meta) + offset)
     out[0:4] = _MAGIC
     struct.pack_into("<I", out, 4, len(meta))
@@ -93,56 +140,40 @@ def encode_frame(frame: MultiModalFrame) -> bytearray:
     return out
 
 
-def _int(d: dict[str, Any], key: str) -> int:
-    v = d.get(key)
-    if not isinstance(v, int) or isinstance(v, bool):
-        raise EncodingError(f"frame field {key!r} must be an integer, got {v!r}")
-    return v
-
-
-def _member(d: Any, body: memoryview, lim: DecodeLimits) -> Member:
+def _member(d: _MemberMeta, body: memoryview, lim: DecodeLimits) -> Member:
     """One member of a frame from its metadata entry; its payload a view of ``body``.
 
     Raises:
-        EncodingError: The entry is malformed or out of bounds.
+        EncodingError: The entry is out of bounds or names an invalid stream.
     """
-    if not isinstance(d, dict):
-        raise EncodingError("frame member must be an object")
-    stream = d.get("stream")
-    if not isinstance(stream, str):
-        raise EncodingError("frame member lacks a stream name")
+    stream = d.stream
     try:
         validate_stream_name(stream)
-        modality = Modality(_int(d, "modality"))
+        modality = Modality(d.modality)
     except ValueError as err:
         raise EncodingError(f"frame member {stream!r}: {err}") from None
-    off, n = _int(d, "offset"), _int(d, "length")
+    off, n = d.offset, d.length
     if off < 0 or n < 0 or off + n > len(body):
         raise EncodingError(f"frame member {stream!r} payload [{off}, {off + n}) is out of bounds")
-    for key in ("encoding", "frame_id"):
-        if not isinstance(d.get(key), str):
-            raise EncodingError(f"frame member {stream!r} field {key!r} must be a string")
-        if len(d[key]) > lim.max_string_bytes:
-            raise EncodingError(f"frame member {stream!r} field {key!r} exceeds max_string_bytes")
-    width = _int(d, "width_ns")
-    if width <= 0:
+    if len(d.encoding) > lim.max_string_bytes or len(d.frame_id) > lim.max_string_bytes:
+        raise EncodingError(f"frame member {stream!r}: encoding or frame_id exceeds max_string_bytes")
+    if d.width_ns <= 0:
         raise EncodingError(f"frame member {stream!r} has a non-positive bucket width")
     h = Header(
         stream=stream,
         modality=modality,
-        seq=_int(d, "seq"),
-        stamp_ns=_int(d, "header_stamp_ns"),
-        bucket=_int(d, "bucket"),
-        bucket_width_ns=width,
-        bucket_offset_ns=_int(d, "offset_ns"),
-        encoding=d["encoding"],
-        frame_id=d["frame_id"],
-        publisher_id=_int(d, "publisher_id"),
-        publish_ns=_int(d, "publish_ns"),
-        flags=HeaderFlags(_int(d, "flags") & 3),
+        seq=d.seq,
+        stamp_ns=d.header_stamp_ns,
+        bucket=d.bucket,
+        bucket_width_ns=d.width_ns,
+        bucket_offset_ns=d.offset_ns,
+        encoding=d.encoding,
+        frame_id=d.frame_id,
+        publisher_id=d.publisher_id,
+        publish_ns=d.publish_ns,
+        flags=HeaderFlags(d.flags & 3),
     )
-    sample = Sample(h, body[off : off + n], _int(d, "receive_ns"))
-    return Member(sample, _int(d, "stamp_ns"), _int(d, "skew_ns"), bool(d.get("fallback")))
+    return Member(Sample(h, body[off : off + n], d.receive_ns), d.stamp_ns, d.skew_ns, d.fallback)
 
 
 def decode_frame(
@@ -167,47 +198,43 @@ def decode_frame(
     if meta_len > lim.max_frame_meta_bytes or 8 + meta_len > len(mv):
         raise EncodingError(f"frame metadata length {meta_len} exceeds the payload ({len(mv)} bytes)")
     try:
-        meta = json.loads(mv[8 : 8 + meta_len].tobytes())
-    except (UnicodeDecodeError, json.JSONDecodeError) as err:
-        raise EncodingError(f"frame metadata is not valid JSON: {err}") from err
-    if not isinstance(meta, dict) or not isinstance(meta.get("members"), list):
-        raise EncodingError("frame metadata must be an object with a members list")
-    raw_members = meta["members"]
-    if len(raw_members) > lim.max_frame_members:
+        meta = _decode_meta(mv[8 : 8 + meta_len])
+    except msgspec.ValidationError as err:
+        raise EncodingError(f"frame metadata is malformed: {err} (an object with a members list)") from None
+    except msgspec.DecodeError as err:
+        raise EncodingError(f"frame metadata is not valid JSON: {err}") from None
+    if len(meta.members) > lim.max_frame_members:
         raise EncodingError(
-            f"frame has {len(raw_members)} members, limit max_frame_members {lim.max_frame_members}"
+            f"frame has {len(meta.members)} members, limit max_frame_members {lim.max_frame_members}"
         )
     body = mv[8 + meta_len :]
     members: dict[str, list[Member]] = {}
-    for d in raw_members:
+    for d in meta.members:
         member = _member(d, body, lim)
         members.setdefault(member.sample.stream, []).append(member)
-    try:
-        missing = tuple(str(x) for x in meta.get("missing", []))
-        interp = {str(k): float(v) for k, v in dict(meta.get("interpolation", {})).items()}
-        return MultiModalFrame(
-            bucket=_int(meta, "bucket"),
-            start_ns=_int(meta, "start_ns"),
-            end_ns=_int(meta, "end_ns"),
-            reference_stamp_ns=_int(meta, "reference_stamp_ns"),
-            members={k: tuple(v) for k, v in members.items()},
-            missing=missing,
-            complete=bool(meta.get("complete")),
-            late_count=_int(meta, "late_count"),
-            max_skew_ns=_int(meta, "max_skew_ns"),
-            interpolation=interp,
-            forced=bool(meta.get("forced")),
-            pane=_int(meta, "pane"),
-            last_arrival_ns=_int(meta, "last_arrival_ns"),
-            skew_measured=bool(meta.get("skew_measured", True)),
-        )
-    except (TypeError, ValueError) as err:
-        raise EncodingError(f"frame metadata is malformed: {err}") from err
+    return MultiModalFrame(
+        bucket=meta.bucket,
+        start_ns=meta.start_ns,
+        end_ns=meta.end_ns,
+        reference_stamp_ns=meta.reference_stamp_ns,
+        members={k: tuple(v) for k, v in members.items()},
+        missing=tuple(meta.missing),
+        complete=meta.complete,
+        late_count=meta.late_count,
+        max_skew_ns=meta.max_skew_ns,
+        interpolation=meta.interpolation,
+        forced=meta.forced,
+        pane=meta.pane,
+        last_arrival_ns=meta.last_arrival_ns,
+        waited_on=meta.waited_on,
+    )
 
 
 def frame_summary(frame: MultiModalFrame, emitted_ns: int) -> dict[str, Any]:
-    """One JSON-ready line per frame: bucket, members with stamps, missing, skew, latency
-    (``end_to_end_ms`` None where the stamps are not on the wall clock)."""
+    """One JSON-ready line per frame: bucket, members with stamps and offsets from the
+    reference, missing, skew, latency and what the frame waited on (a figure that is undefined
+    is None: ``end_to_end_ms`` where the stamps are not on the wall clock, ``max_skew_ms``
+    without members besides the reference)."""
     e2e = end_to_end_ms(emitted_ns, frame.reference_stamp_ns)
     return {
         "bucket": frame.bucket,
@@ -229,7 +256,8 @@ def frame_summary(frame: MultiModalFrame, emitted_ns: int) -> dict[str, Any]:
             ]
             for k, v in frame.members.items()
         },
-        "max_skew_ms": round(frame.max_skew_ns / 1e6, 3),
+        "max_skew_ms": None if frame.max_skew_ns is None else round(frame.max_skew_ns / 1e6, 3),
+        "waited_on": frame.waited_on,
         "late_count": frame.late_count,
         "added_latency_ms": round((emitted_ns - frame.last_arrival_ns) / 1e6, 3)
         if frame.last_arrival_ns

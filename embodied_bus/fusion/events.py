@@ -7,12 +7,13 @@ from dataclasses import dataclass, field
 from embodied_bus.fusion.frame import MultiModalFrame
 from embodied_bus.model.sample import Sample
 
-__all__ = ["AssemblerStats", "DroppedBucket", "Event", "LateSample", "StampJump"]
+__all__ = ["AssemblerStats", "DroppedFrame", "Event", "LateSample", "StampJump"]
 
 
 @dataclass(frozen=True, slots=True)
 class LateSample:
-    """A sample whose bucket was already emitted (sent to the late side stream)."""
+    """A sample that a frame already out would have taken (sent to the late side stream);
+    ``bucket`` is that frame's."""
 
     sample: Sample
     bucket: int
@@ -34,14 +35,15 @@ class StampJump:
 
 
 @dataclass(frozen=True, slots=True)
-class DroppedBucket:
-    """An incomplete bucket dropped by ``incomplete: drop``."""
+class DroppedFrame:
+    """An incomplete frame dropped by ``incomplete: drop``."""
 
     bucket: int
+    reference_stamp_ns: int
     missing: tuple[str, ...]
 
 
-Event = MultiModalFrame | LateSample | StampJump | DroppedBucket
+Event = MultiModalFrame | LateSample | StampJump | DroppedFrame
 
 
 @dataclass(slots=True)
@@ -60,6 +62,6 @@ class AssemblerStats:
     stamp_fallbacks: int = 0
     stamp_jumps: int = 0
     ignored: int = 0
-    #: Samples of other workers' buckets kept for picks reaching past bucket edges.
-    context: int = 0
+    #: Frames anchored where the reference lost a sample (judged from its cadence).
+    reference_lost: int = 0
     presence: dict[str, int] = field(default_factory=dict)

@@ -1,4 +1,4 @@
-"""MultiModalFrame: what a fusion worker emits per time bucket."""
+"""MultiModalFrame: what a fusion worker emits per reference sample."""
 
 from __future__ import annotations
 
@@ -17,7 +17,7 @@ class Member:
     Attributes:
         sample: The sample as received (payload untouched, zero-copy).
         stamp_ns: Its stamp after clock-offset correction (and receive-time fallback).
-        skew_ns: ``stamp_ns`` minus the frame's reference stamp.
+        skew_ns: ``stamp_ns`` minus the frame's reference stamp (its offset from the anchor).
         stamp_fallback: Its header stamp was 0; ``stamp_ns`` is a receive/publish time.
     """
 
@@ -48,27 +48,28 @@ def new_member(sample: Sample, stamp_ns: int, skew_ns: int, stamp_fallback: bool
 
 @dataclass(frozen=True, slots=True)
 class MultiModalFrame:
-    """All modalities of one time bucket.
+    """All modalities around one reference sample.
 
     Attributes:
-        bucket: Bucket id (event time and routing key).
+        bucket: Bucket of the reference stamp (the routing key; a bucket holding two reference
+            samples has two frames, one holding none has none).
         start_ns: First nanosecond of the bucket.
         end_ns: First nanosecond after the bucket.
-        reference_stamp_ns: Stamp of the reference sample (bucket centre if it is missing).
+        reference_stamp_ns: Stamp of the reference sample (a lost one: where it was due); the
+            frame's identity within its pipeline.
         members: Samples per stream, in stamp order (INTERPOLATE: the two bracketing samples).
-        missing: Streams with nothing acceptable for this bucket.
+        missing: Streams with nothing acceptable for this frame (the reference if it was lost).
         complete: Reference and every required stream present.
-        late_count: Samples of this bucket that arrived after it was emitted (known so far).
-        max_skew_ns: Largest |member stamp - reference stamp| over single-pick members.
+        late_count: Samples of this bucket that arrived after its frame (known so far).
+        max_skew_ns: Largest |member stamp - reference stamp| over the members besides the
+            reference (None: there are none).
         interpolation: Per INTERPOLATE stream, the weight of the later sample at the reference
             stamp (``value = (1 - a) * before + a * after``).
-        forced: Emitted by the lateness bound rather than on completion.
+        forced: Emitted by the lateness bound (a stream given up) rather than on completion.
         pane: 0 for the frame, 1.. for late panes carrying samples that arrived after it.
         last_arrival_ns: Latest receive time over members (for added-latency metrics).
-        skew_measured: A member besides the reference was picked nearest or latest, so
-            ``max_skew_ns`` measures something (False: it is 0 by definition, e.g. every
-            other stream picked ``all``, held or interpolated). True in frames encoded before
-            the field existed.
+        waited_on: The stream whose sample the frame waited for last (the reference: its own
+            arrival, or the next reference sample where a window ends there).
     """
 
     bucket: int
@@ -79,12 +80,12 @@ class MultiModalFrame:
     missing: tuple[str, ...]
     complete: bool
     late_count: int = 0
-    max_skew_ns: int = 0
+    max_skew_ns: int | None = None
     interpolation: dict[str, float] = field(default_factory=dict)
     forced: bool = False
     pane: int = 0
     last_arrival_ns: int = 0
-    skew_measured: bool = True
+    waited_on: str | None = None
 
     def member(self, stream: str) -> Member | None:
         """The (first) member of a stream, or None if missing."""

@@ -2,10 +2,11 @@
 :mod:`embodied_bus.fusion.ownership`).
 
 A :class:`ScaleOut` is the part of a :class:`~embodied_bus.fusion.worker.FusionWorker` that
-differs between modes: what it subscribes to, which samples reach its assembler, which frames
-it publishes, and how it leaves. :class:`Ring` (every worker receives everything, the owner of
-a bucket publishes it: Zenoh) lives here; :class:`~embodied_bus.fusion.key_shared.KeyShared`
-(each worker receives only its buckets: Pulsar Key_Shared) in its own module.
+differs between modes: which frames it publishes, what it keeps for the others, and how it
+leaves. Every worker of a group receives every sample and assembles every frame, so the frames
+are the same whoever publishes them. :class:`Ring` (the owner of a bucket publishes its frames:
+Zenoh) lives here; :class:`~embodied_bus.fusion.key_shared.KeyShared` (the reference samples
+dealt by Pulsar Key_Shared are the durable list of frames to publish) in its own module.
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ import enum
 import logging
 import time
 from collections import OrderedDict
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from embodied_bus.fusion.frame import MultiModalFrame
@@ -28,9 +30,10 @@ if TYPE_CHECKING:
 
 __all__ = [
     "HANDOVER_CONFIRM_S",
-    "Admission",
+    "HELD_FRAMES_S",
     "Grouped",
-    "RecentBuckets",
+    "HeldFrames",
+    "RecentFrames",
     "Ring",
     "ScaleOut",
     "ScaleOutMode",
@@ -42,8 +45,11 @@ _log = logging.getLogger("embodied_bus.fusion")
 #: Longest wait of a worker leaving a running ring for the others to publish the buckets it left
 #: open (it publishes them itself if every other worker left meanwhile), seconds.
 HANDOVER_CONFIRM_S = 2.0
-#: Recent buckets remembered for ring bookkeeping.
-RECENT_BUCKETS = 512
+#: Recent frames remembered for group bookkeeping.
+RECENT_FRAMES = 4096
+#: Frames another worker publishes are held at most this long (wall clock) in case it dies,
+#: seconds.
+HELD_FRAMES_S = 30.0
 
 
 class ScaleOutMode(str, enum.Enum):
@@ -71,49 +77,68 @@ class ScaleOutMode(str, enum.Enum):
             raise SpecError(f"scale_out must be None, {names}; got {value!r}") from None
 
 
-class Admission(enum.Enum):
-    """What a worker does with a sample that arrived."""
+class RecentFrames:
+    """Identities (reference stamps) of the most recent frames seen (bounded, oldest forgotten
+    first)."""
 
-    #: Into the assembler: the sample's bucket is this worker's to assemble.
-    ASSEMBLE = enum.auto()
-    #: Into the assembler as context only: another worker's bucket, kept for the picks of this
-    #: worker's buckets that reach past their edges.
-    CONTEXT = enum.auto()
-    #: Kept aside or dropped by the scale-out mode.
-    HELD = enum.auto()
-
-
-class RecentBuckets:
-    """The most recent buckets seen (bounded, oldest forgotten first)."""
-
-    def __init__(self, limit: int = RECENT_BUCKETS) -> None:
-        self._buckets: OrderedDict[int, None] = OrderedDict()
+    def __init__(self, limit: int = RECENT_FRAMES) -> None:
+        self._keys: OrderedDict[int, None] = OrderedDict()
         self._limit = limit
 
-    def add(self, bucket: int) -> None:
-        self._buckets[bucket] = None
-        self._buckets.move_to_end(bucket)
-        while len(self._buckets) > self._limit:
-            self._buckets.popitem(last=False)
+    def add(self, key: int) -> None:
+        self._keys[key] = None
+        self._keys.move_to_end(key)
+        while len(self._keys) > self._limit:
+            self._keys.popitem(last=False)
 
-    def __contains__(self, bucket: object) -> bool:
-        return bucket in self._buckets
-
-    def __iter__(self) -> Any:
-        return iter(list(self._buckets))
+    def __contains__(self, key: object) -> bool:
+        return key in self._keys
 
     def __len__(self) -> int:
-        return len(self._buckets)
+        return len(self._keys)
+
+
+class HeldFrames:
+    """Frames this worker assembled but another worker publishes, kept to publish them if that
+    worker dies or leaves, by reference stamp. A frame seen on the frames stream is let go at
+    once, so only frames not yet out are held: for at most :data:`HELD_FRAMES_S` (wall clock:
+    the time a dead worker takes to be noticed) and :data:`RECENT_FRAMES` frames."""
+
+    def __init__(self) -> None:
+        self._frames: OrderedDict[int, tuple[MultiModalFrame, float]] = OrderedDict()
+
+    def add(self, frame: MultiModalFrame) -> None:
+        now = time.monotonic()
+        self._frames[frame.reference_stamp_ns] = (frame, now)
+        floor = now - HELD_FRAMES_S
+        frames = self._frames
+        while frames and (len(frames) > RECENT_FRAMES or next(iter(frames.values()))[1] < floor):
+            frames.popitem(last=False)
+
+    def pop(self, key: int) -> MultiModalFrame | None:
+        held = self._frames.pop(key, None)
+        return None if held is None else held[0]
+
+    def __contains__(self, key: object) -> bool:
+        return key in self._frames
+
+    def frames(self) -> list[MultiModalFrame]:
+        """The held frames, oldest first."""
+        return [f for f, _ in self._frames.values()]
 
 
 class ScaleOut:
     """One worker alone: it receives every input sample and publishes every frame.
 
-    Subclasses change the hooks the worker calls; each default is the single worker's.
+    Subclasses change the hooks the worker calls; each default is the single worker's. In every
+    mode each worker assembles every frame from every sample (so any worker can stand in for
+    another with the very same frames); the modes differ in who publishes which frame.
     """
 
     #: The worker group (None for a single worker).
     ring: OwnershipRing | None = None
+    #: Whether :meth:`after_push` does anything (it is not called otherwise).
+    needs_after_push = False
 
     def __init__(self, worker: FusionWorker) -> None:
         self.worker = worker
@@ -121,11 +146,7 @@ class ScaleOut:
     async def start(self, inputs: tuple[str, ...], stop: asyncio.Event) -> list[asyncio.Task[None]]:
         """Subscribe and start the background tasks (ended when the worker stops)."""
         w = self.worker
-        return [asyncio.create_task(w.pump(await w.subscribe(inputs)))]
-
-    async def admit(self, sample: Sample) -> Admission:
-        """Where the sample goes: to the assembler, as context, or kept aside by this mode."""
-        return Admission.ASSEMBLE
+        return [asyncio.create_task(w.pump(await w.open_inputs(inputs)))]
 
     async def after_push(self, sample: Sample) -> None:
         """Called after a sample went to the assembler, before its events are handled."""
@@ -134,8 +155,8 @@ class ScaleOut:
         """Whether this worker publishes the frame (a mode may hold or skip it)."""
         return True
 
-    def mark_published(self, bucket: int) -> None:
-        """Called as this worker publishes the frame of a bucket."""
+    def mark_published(self, key: int) -> None:
+        """Called as this worker publishes the frame anchored at ``key``."""
 
     async def published(self, frame: MultiModalFrame) -> None:
         """Called after a frame of the assembler was published."""
@@ -144,19 +165,19 @@ class ScaleOut:
         """Whether late samples of the bucket are this worker's to publish."""
         return True
 
-    def dropped(self, bucket: int) -> None:
-        """Called when the assembler dropped an incomplete bucket."""
+    def dropped(self, key: int) -> None:
+        """Called when the assembler dropped an incomplete frame."""
 
     async def tick(self) -> None:
         """Called about every 0.1 s (with the worker's handling lock held)."""
 
     async def leave(self, stop: asyncio.Event) -> set[int]:
         """Stopping on an open bus, before the subscriptions close: hand work over. Returns the
-        open buckets left to other workers."""
+        frames (reference stamps) left to other workers."""
         return set()
 
     async def after_flush(self, handed: set[int]) -> None:
-        """After the last flush: make sure the buckets handed over are out."""
+        """After the last flush: make sure the frames handed over are out."""
 
     async def close(self) -> None:
         """Release what :meth:`start` opened besides the worker's subscriptions."""
@@ -171,18 +192,22 @@ class Single(ScaleOut):
 
 
 class Grouped(ScaleOut):
-    """A worker in a group: a membership ring, and the frames stream tracked so that no
-    bucket is published twice."""
+    """A worker in a group: a membership, the frames stream tracked so that no frame is
+    published twice, and the frames others publish held for when one of them dies."""
 
     def __init__(self, worker: FusionWorker, worker_id: str | None) -> None:
         super().__init__(worker)
         self.worker_id = worker_id
-        #: Buckets whose frame some worker of the group published (recent, bounded).
-        self.published_buckets = RecentBuckets()
+        #: Frames (reference stamps) some worker of the group published (recent, bounded).
+        self.published_frames = RecentFrames()
+        #: Frames assembled here that another worker publishes.
+        self.held = HeldFrames()
         self.frames_sub: Subscription | None = None
         #: Frames not published because another worker already had.
         self.skipped = 0
-        #: Open buckets handed back whole to the other workers when this one stopped.
+        #: Held frames published because their publisher died or left.
+        self.taken_over = 0
+        #: Frames pending here that were left to the other workers when this one stopped.
         self.handed_back = 0
 
     async def start(self, inputs: tuple[str, ...], stop: asyncio.Event) -> list[asyncio.Task[None]]:
@@ -191,12 +216,41 @@ class Grouped(ScaleOut):
         self.frames_sub = await w.bus.subscribe(w.frames_stream, options=w.subscription_options)
         return [asyncio.create_task(self._track_published(self.frames_sub))]
 
-    def mark_published(self, bucket: int) -> None:
-        self.published_buckets.add(bucket)
+    def mark_published(self, key: int) -> None:
+        self.published_frames.add(key)
+
+    def saw_published(self, key: int) -> None:
+        """A frame is on the frames stream: never publish it here, stop holding it."""
+        self.published_frames.add(key)
+        self.held.pop(key)
 
     async def _track_published(self, sub: Subscription) -> None:
         async for sample in sub:
-            self.published_buckets.add(sample.bucket)
+            self.saw_published(sample.stamp_ns)
+
+    def drain_published(self) -> None:
+        """Take in the frames the tracking subscription has received so far."""
+        sub = self.frames_sub
+        if sub is not None:
+            while (sample := sub.recv_nowait()) is not None:
+                self.saw_published(sample.stamp_ns)
+
+    def hold(self, frame: MultiModalFrame) -> None:
+        if frame.pane == 0:
+            self.held.add(frame)
+
+    async def publish_held(self, mine: Callable[[MultiModalFrame], bool]) -> None:
+        """Publish the held frames that are now this worker's and that no worker published."""
+        self.drain_published()
+        for frame in self.held.frames():
+            key = frame.reference_stamp_ns
+            if key in self.published_frames:
+                self.held.pop(key)
+            elif mine(frame):
+                self.held.pop(key)
+                self.taken_over += 1
+                await self.worker.publish_frame(frame)
+                await self.published(frame)
 
     def others_alive(self) -> bool:
         ring = self.ring
@@ -210,22 +264,25 @@ class Grouped(ScaleOut):
 
     def summary(self) -> dict[str, Any]:
         assert self.ring is not None
-        return {"worker": self.ring.worker_id, "skipped": self.skipped, "handed_back": self.handed_back}
+        return {
+            "worker": self.ring.worker_id,
+            "skipped": self.skipped,
+            "taken_over": self.taken_over,
+            "handed_back": self.handed_back,
+        }
 
 
 class Ring(Grouped):
-    """Every worker receives every sample; the owner of a bucket publishes its frame, the
-    others hold it to publish if the owner leaves."""
+    """Every worker receives every sample; the owner of a frame's bucket publishes it, the
+    others hold it to publish if the owner leaves or dies."""
+
+    needs_after_push = True
 
     def __init__(self, worker: FusionWorker, worker_id: str | None, join_margin_buckets: int) -> None:
         super().__init__(worker, worker_id)
         self.margin = join_margin_buckets
         self._joining = False
-        #: Frames this worker assembled but another member owned (for takeover).
-        self.held: OrderedDict[int, MultiModalFrame] = OrderedDict()
-        #: Frames published on behalf of a worker that left.
-        self.taken_over = 0
-        #: Of the buckets handed back on stopping, those this worker published after all
+        #: Of the frames handed back on stopping, those this worker published after all
         #: because the others stopped too.
         self.published_on_stop = 0
         self._former: dict[str, int | None] = {}
@@ -237,7 +294,7 @@ class Ring(Grouped):
         if not await self.ring.watch():
             await self.ring.join(None)  # first worker: own everything from the start
         w = self.worker
-        tasks.append(asyncio.create_task(w.pump(await w.subscribe(inputs))))
+        tasks.append(asyncio.create_task(w.pump(await w.open_inputs(inputs))))
         return tasks
 
     async def after_push(self, sample: Sample) -> None:
@@ -249,14 +306,11 @@ class Ring(Grouped):
 
     async def should_publish(self, frame: MultiModalFrame) -> bool:
         assert self.ring is not None
-        if frame.pane == 0 and frame.bucket in self.published_buckets:
+        if frame.pane == 0 and frame.reference_stamp_ns in self.published_frames:
             self.skipped += 1
             return False
         if not self.ring.owns(frame.bucket):
-            if frame.pane == 0:
-                self.held[frame.bucket] = frame
-                while len(self.held) > RECENT_BUCKETS:
-                    self.held.popitem(last=False)
+            self.hold(frame)
             return False
         return True
 
@@ -264,14 +318,12 @@ class Ring(Grouped):
         return self.ring is not None and self.ring.owns(bucket)
 
     async def _take_over(self) -> None:
-        assert self.ring is not None
+        ring = self.ring
+        assert ring is not None
         while True:
-            await self.ring.departures.get()
-            for bucket, frame in list(self.held.items()):
-                if bucket not in self.published_buckets and self.ring.owns(bucket):
-                    del self.held[bucket]
-                    self.taken_over += 1
-                    await self.worker.publish_frame(frame)
+            await ring.departures.get()
+            async with self.worker.handling:
+                await self.publish_held(lambda f: ring.owns(f.bucket))
 
     async def leave(self, stop: asyncio.Event) -> set[int]:
         """Leaving a running ring: the others own this worker's buckets from now on and publish
@@ -282,51 +334,50 @@ class Ring(Grouped):
         assert self.ring is not None
         self._former = self.ring.members()
         await self.ring.leave(keep_watching=True)
-        handed = set(self.worker.assembler.open_bucket_ids)
+        handed = set(self.worker.assembler.pending_stamps)
         self.handed_back = len(handed)
         if handed:
-            _log.info("left the ring with %d open bucket(s) to the other workers", len(handed))
+            _log.info("left the ring with %d pending frame(s) to the other workers", len(handed))
         return handed
 
     async def after_flush(self, handed: set[int]) -> None:
-        """Wait (at most :data:`HANDOVER_CONFIRM_S`) until the frames of the buckets this
-        worker left open are out. If every other worker has left meanwhile (they stopped at
-        the same moment), publish those this worker owned in the ring it left: of the workers
-        stopping together, the one that bucket hashes highest to publishes it, so none is lost,
-        and none is repeated unless they left one by one."""
+        """Wait (at most :data:`HANDOVER_CONFIRM_S`) until the frames this worker left pending
+        are out. If every other worker has left meanwhile (they stopped at the same moment),
+        publish those this worker owned in the ring it left: of the workers stopping together,
+        the one that bucket hashes highest to publishes it, so none is lost, and none is
+        repeated unless they left one by one."""
         if not handed:
             return
         pending = await self._await_published(sorted(handed))
         if pending is None:
             return
         assert self.ring is not None
-        for b in pending:
-            frame = self.held.pop(b, None)
-            if frame is not None and rendezvous_owner(b, self._former) == self.ring.worker_id:
+        for key in pending:
+            frame = self.held.pop(key)
+            if frame is not None and rendezvous_owner(frame.bucket, self._former) == self.ring.worker_id:
                 self.published_on_stop += 1
                 await self.worker.publish_frame(frame)
         if self.published_on_stop:
             _log.info(
-                "the other workers stopped too: published %d bucket(s) left open", self.published_on_stop
+                "the other workers stopped too: published %d frame(s) left pending", self.published_on_stop
             )
 
     async def _await_published(self, pending: list[int]) -> list[int] | None:
-        """The buckets of ``pending`` still unpublished once every other worker left (None:
-        the others are alive and own them, or were given :data:`HANDOVER_CONFIRM_S`)."""
+        """The frames of ``pending`` still unpublished once every other worker left (None: the
+        others are alive and own them, or were given :data:`HANDOVER_CONFIRM_S`)."""
         ring, sub = self.ring, self.frames_sub
         assert ring is not None and sub is not None
         deadline = time.monotonic() + HANDOVER_CONFIRM_S
         while True:
             ring.changed.clear()
-            while (sample := sub.recv_nowait()) is not None:
-                self.published_buckets.add(sample.bucket)
-            pending = [b for b in pending if b not in self.published_buckets]
+            self.drain_published()
+            pending = [k for k in pending if k not in self.published_frames]
             if not pending or not self.others_alive():
                 return pending
             left_s = deadline - time.monotonic()
             if left_s <= 0:
                 _log.info(
-                    "%d bucket(s) left to the other workers not yet published after %g s: they own them",
+                    "%d frame(s) left to the other workers not yet published after %g s: they own them",
                     len(pending),
                     HANDOVER_CONFIRM_S,
                 )
@@ -338,11 +389,7 @@ class Ring(Grouped):
             got.cancel()  # no-op if a frame came
             await asyncio.gather(got, return_exceptions=True)
             if not got.cancelled() and got.exception() is None:
-                self.published_buckets.add(got.result().bucket)
+                self.saw_published(got.result().stamp_ns)
 
     def summary(self) -> dict[str, Any]:
-        return {
-            **super().summary(),
-            "taken_over": self.taken_over,
-            "published_on_stop": self.published_on_stop,
-        }
+        return {**super().summary(), "published_on_stop": self.published_on_stop}

@@ -3,16 +3,19 @@
 Example (``config/fusion.yaml``)::
 
     fusion:
-      bucket_width_ms: 100
-      bucket_offset_ms: 50        # puts a 10 Hz lidar sweep mid-bucket
-      lateness_ms: 120            # force a bucket out this long (event time) after its end
+      bucket_width_ms: 100        # the routing unit: a worker owns whole buckets
+      bucket_offset_ms: 50
+      lateness_ms: 120            # give a silent stream up this long (event time) past a frame
       incomplete: emit            # emit partial frames with a missing mask, or "drop"
       late_panes: false           # also emit late samples as a late pane of their frame
       streams:
-        lidar/top:    {role: reference, expected_period_ms: 100}
-        camera/front: {role: required, pick: nearest, max_skew_ms: 25, expected_period_ms: 33.3}
-        gps:          {role: optional, pick: hold_last, max_age_ms: 500, expected_period_ms: 200}
-        imu:          {role: optional, pick: all, expected_period_ms: 5}
+        lidar/top:    {role: reference, expected_period_ms: 100}   # one frame per sweep
+        camera/front: {role: required, pick: nearest, max_skew_ms: 40}
+        gps:          {role: optional, pick: hold_last, max_age_ms: 500}
+        imu:          {role: optional, pick: all, window: around}
+
+Every sample of the reference stream anchors one frame, whatever its phase in the bucket; the
+other streams are picked relative to its stamp.
 """
 
 from __future__ import annotations
@@ -33,7 +36,6 @@ from embodied_bus.model.header import validate_stream_name
 
 __all__ = [
     "DEFAULT_LATENESS_NS",
-    "DEFAULT_LOOKAHEAD",
     "FusionSpec",
     "Incomplete",
     "Pick",
@@ -42,17 +44,24 @@ __all__ = [
     "SpecError",
     "StreamDocument",
     "StreamSpec",
+    "Window",
     "load_spec",
     "spec_from_dict",
 ]
 
-#: Default lateness bound: 120 ms of event time after a bucket's end.
+#: Default lateness bound: 120 ms of event time past the furthest reach of a frame's picks.
 DEFAULT_LATENESS_NS = 120_000_000
-#: Fraction of the expected period a stream's watermark runs ahead of its last stamp.
-DEFAULT_LOOKAHEAD = 0.9
 #: A stamp moving this far from a stream's last stamp is reported as a jump (2 s); a jump
 #: backwards restarts the stream (the reference: the whole assembler).
 DEFAULT_JUMP_NS = 2_000_000_000
+
+#: Keys of older specs, refused with what to do instead.
+_REMOVED_KEYS = {
+    "lookahead": "decisions wait for the stream's own next sample, never for a guess from "
+    "expected_period_ms; delete the key",
+    "complete_by_count": "an `all` stream is decided once a sample past its window arrived, "
+    "never by counting samples; delete the key",
+}
 
 
 class SpecError(BusConfigError):
@@ -62,7 +71,7 @@ class SpecError(BusConfigError):
 class Role(str, enum.Enum):
     """How a stream counts toward completeness."""
 
-    #: Defines the frame's reference stamp; exactly one per spec.
+    #: Each of its samples anchors one frame; exactly one per spec.
     REFERENCE = "reference"
     #: Missing makes the frame incomplete.
     REQUIRED = "required"
@@ -71,22 +80,36 @@ class Role(str, enum.Enum):
 
 
 class Pick(str, enum.Enum):
-    """Which samples of a stream a frame takes."""
+    """Which samples of a stream a frame takes, relative to its reference stamp."""
 
     #: The sample nearest to the reference stamp, within ``max_skew``.
     NEAREST = "nearest"
-    #: The last sample in the bucket.
+    #: The last sample of the frame's window (see :class:`Window`).
     LATEST = "latest"
-    #: Every sample in the bucket.
+    #: Every sample of the frame's window: each sample lands in exactly one frame.
     ALL = "all"
-    #: The last sample at or before the reference stamp, at most ``max_age`` old (any bucket).
+    #: The last sample at or before the reference stamp, at most ``max_age`` old.
     HOLD_LAST = "hold_last"
     #: The samples just before and after the reference stamp, for linear interpolation.
     INTERPOLATE = "interpolate"
 
 
+class Window(str, enum.Enum):
+    """The part of time an ``all`` or ``latest`` stream gives each frame. The windows of
+    consecutive reference samples tile time: every sample falls in exactly one."""
+
+    #: Since the previous reference sample (exclusive) up to this one (inclusive): a sweep
+    #: stamped at its end.
+    BEFORE = "before"
+    #: From this reference sample (inclusive) up to the next (exclusive): a sweep stamped at
+    #: its start.
+    AFTER = "after"
+    #: Between the midpoints to the previous and the next reference sample.
+    AROUND = "around"
+
+
 class Incomplete(str, enum.Enum):
-    """What to do with a bucket whose reference or a required stream is missing."""
+    """What to do with a frame whose reference or a required stream is missing."""
 
     EMIT = "emit"
     DROP = "drop"
@@ -99,35 +122,30 @@ class StreamSpec:
     Attributes:
         name: Stream name.
         role: Reference, required or optional.
-        pick: Pick policy.
-        expected_period_ns: Nominal sample period; the watermark looks ahead
-            ``lookahead * expected_period_ns`` past the last stamp.
+        pick: Pick policy (the reference: None, its samples are the anchors).
+        expected_period_ns: Nominal sample period, a hint only: the reference's real cadence
+            is learned from its stamps (this is used until enough are seen); elsewhere None.
         max_skew_ns: Largest |member stamp - reference stamp| accepted (NEAREST, INTERPOLATE;
             None = half a bucket).
         max_age_ns: Largest age of a HOLD_LAST sample (None = one bucket).
         clock_offset_ns: Added to this stream's stamps before anything else (sensor clock
             correction, e.g. a camera 20 ms ahead → -20 ms).
-        lookahead: Fraction of the expected period used for the watermark.
-        complete_by_count: A ``all`` / ``latest`` stream with ``ceil(bucket width / expected
-            period)`` samples in a bucket is decided at once, without waiting for its first
-            sample past the bucket (lower latency; a jittery sensor whose next sample still
-            lands in the bucket then has it counted late). False: wait for the watermark.
+        window: Which samples an ALL / LATEST stream gives each frame (None for other picks).
         max_delay_ns: Longest a sample of this stream arrives after its stamp, measured in
             event time (the furthest stamp seen on any stream). Past it, a sample that has not
-            come is taken as lost, so a lost GPS fix no longer holds frames back until the
-            lateness bound (it is counted late if it still comes). None: only the stream's own
-            samples move its watermark.
+            come is taken as lost, so a lost GPS fix does not hold frames back until the
+            lateness bound (it is counted late if it still comes). None: the stream's own next
+            sample decides.
     """
 
     name: str
     role: Role
-    pick: Pick
-    expected_period_ns: int
+    pick: Pick | None
+    expected_period_ns: int | None = None
     max_skew_ns: int | None = None
     max_age_ns: int | None = None
     clock_offset_ns: int = 0
-    lookahead: float = DEFAULT_LOOKAHEAD
-    complete_by_count: bool = True
+    window: Window | None = None
     max_delay_ns: int | None = None
 
 
@@ -136,10 +154,11 @@ class FusionSpec:
     """A validated fusion spec (build with :func:`load_spec` or :func:`spec_from_dict`).
 
     Attributes:
-        clock: Bucket width and phase.
+        clock: Bucket width and phase: the routing and ownership unit of scale-out.
         streams: Input streams; exactly one has role REFERENCE.
-        lateness_ns: Event time after a bucket's end when it is forced out.
-        incomplete: Emit or drop incomplete buckets.
+        lateness_ns: Event time past the furthest reach of a frame's picks after which a
+            stream that has sent nothing for it is given up.
+        incomplete: Emit or drop incomplete frames.
         late_panes: Emit late samples as late panes of their frame.
         jump_ns: Stamp jump threshold for a stream.
         name: Pipeline name (frames go to ``frames/<name>``).
@@ -157,6 +176,13 @@ class FusionSpec:
     def reference(self) -> StreamSpec:
         """The reference stream."""
         return next(s for s in self.streams if s.role is Role.REFERENCE)
+
+    @property
+    def reference_period_ns(self) -> int:
+        """The reference's expected period (a hint until its cadence is learned)."""
+        period = self.reference.expected_period_ns
+        assert period is not None  # required of the reference by the loader
+        return period
 
     def stream(self, name: str) -> StreamSpec | None:
         """The spec of a stream, or None if it is not an input."""
@@ -186,41 +212,59 @@ class StreamDocument(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
     """One input of a spec document (``fusion.streams.<name>``); times in milliseconds."""
 
     role: Role
-    expected_period_ms: float
-    pick: Pick = Pick.NEAREST
+    pick: Pick | None = None
+    window: Window | None = None
+    expected_period_ms: float | None = None
     max_skew_ms: float | None = None
     max_age_ms: float | None = None
     clock_offset_ms: float = 0.0
-    lookahead: float = DEFAULT_LOOKAHEAD
-    complete_by_count: bool = True
     max_delay_ms: float | None = None
 
     def to_spec(self, name: str, where: str) -> StreamSpec:
         """The stream's :class:`StreamSpec`.
 
         Raises:
-            SpecError: A value out of range (named).
+            SpecError: A value out of range or a key that does not apply (named).
         """
-        if self.role is Role.REFERENCE and self.pick not in (Pick.NEAREST, Pick.LATEST):
+        pick = self._pick(where)
+        if self.window is not None and pick not in (Pick.ALL, Pick.LATEST):
             raise SpecError(
-                f"{where}.pick: the reference stream picks 'nearest' (to the bucket centre) or "
-                f"'latest', not {self.pick.value!r}"
+                f"{where}.window: only `all` and `latest` picks take a window, not "
+                f"{'the reference' if pick is None else repr(pick.value)}"
             )
-        if not 0 <= self.lookahead <= 1:
-            raise SpecError(f"{where}.lookahead: expected a fraction in [0, 1], got {self.lookahead!r}")
-        opt = self.max_skew_ms, self.max_age_ms, self.max_delay_ms
+        if self.role is Role.REFERENCE and self.expected_period_ms is None:
+            raise SpecError(
+                f"{where}.expected_period_ms: missing; the reference needs its nominal period "
+                "(a hint for telling a lost sample from a slow one until its cadence is learned)"
+            )
+        period, skew, age, delay = (
+            self.expected_period_ms,
+            self.max_skew_ms,
+            self.max_age_ms,
+            self.max_delay_ms,
+        )
         return StreamSpec(
             name=name,
             role=self.role,
-            pick=self.pick,
-            expected_period_ns=_ms(f"{where}.expected_period_ms", self.expected_period_ms),
-            max_skew_ns=None if opt[0] is None else _ms(f"{where}.max_skew_ms", opt[0], allow_zero=True),
-            max_age_ns=None if opt[1] is None else _ms(f"{where}.max_age_ms", opt[1]),
+            pick=pick,
+            expected_period_ns=None if period is None else _ms(f"{where}.expected_period_ms", period),
+            max_skew_ns=None if skew is None else _ms(f"{where}.max_skew_ms", skew, allow_zero=True),
+            max_age_ns=None if age is None else _ms(f"{where}.max_age_ms", age),
             clock_offset_ns=_ms(f"{where}.clock_offset_ms", self.clock_offset_ms, signed=True),
-            lookahead=self.lookahead,
-            complete_by_count=self.complete_by_count,
-            max_delay_ns=None if opt[2] is None else _ms(f"{where}.max_delay_ms", opt[2]),
+            window=(self.window or Window.AROUND) if pick in (Pick.ALL, Pick.LATEST) else None,
+            max_delay_ns=None if delay is None else _ms(f"{where}.max_delay_ms", delay),
         )
+
+    def _pick(self, where: str) -> Pick | None:
+        if self.role is not Role.REFERENCE:
+            return self.pick or Pick.NEAREST
+        if self.pick is not None:
+            raise SpecError(
+                f"{where}.pick: the reference takes no pick: each of its samples anchors one "
+                f"frame (a bucket holding two sweeps gives two frames); delete "
+                f"`pick: {self.pick.value}`"
+            )
+        return None
 
 
 class SpecDocument(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
@@ -235,6 +279,14 @@ class SpecDocument(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
     late_panes: bool = False
     jump_ms: float = DEFAULT_JUMP_NS / 1e6
     name: str = "fused"
+
+
+def _refuse_removed(opts: Any, where: str) -> None:
+    """Refuse keys of older specs by name, saying what to do instead."""
+    if isinstance(opts, Mapping):
+        for key, fix in _REMOVED_KEYS.items():
+            if key in opts:
+                raise SpecError(f"{where}.{key}: no longer a fusion key: {fix}")
 
 
 def _name(where: str, name: Any) -> str:
@@ -260,6 +312,7 @@ def spec_from_dict(doc: Mapping[str, Any], *, where: str = "fusion") -> FusionSp
     streams = []
     for name, opts in d.streams.items():
         w = f"{where}.streams.{name}"
+        _refuse_removed(opts, w)
         stream = convert_document(opts, StreamDocument, w, SpecError)
         streams.append(stream.to_spec(_name(w, name), w))
     refs = [s.name for s in streams if s.role is Role.REFERENCE]

@@ -17,13 +17,14 @@ from typing import Any
 
 from embodied_bus.bus import Bus
 from embodied_bus.errors import BusClosedError
-from embodied_bus.fusion.assembler import Assembler, DroppedBucket, Event, LateSample, StampJump
+from embodied_bus.fusion.assembler import Assembler, DroppedFrame, Event, LateSample, StampJump
 from embodied_bus.fusion.codec import FRAME_ENCODING, encode_frame
 from embodied_bus.fusion.frame import MultiModalFrame
+from embodied_bus.fusion.inputs import AlignedInputs
 from embodied_bus.fusion.key_shared import FRAMES_HISTORY_S, KeyShared
 from embodied_bus.fusion.metrics import FusionMetrics
 from embodied_bus.fusion.ownership import OwnershipRing
-from embodied_bus.fusion.scale_out import Admission, Ring, ScaleOut, ScaleOutMode, Single
+from embodied_bus.fusion.scale_out import Ring, ScaleOut, ScaleOutMode, Single
 from embodied_bus.fusion.spec import FusionSpec
 from embodied_bus.model.header import Modality
 from embodied_bus.model.qos import Backpressure, PublisherOptions, SubscriptionOptions
@@ -61,10 +62,10 @@ class FusionWorker:
         capacity: Buffer of each input subscription (lossless ``block`` policy).
         idle_flush_s: Flush open buckets after this long without input.
         scale_out: None (one worker), :attr:`ScaleOutMode.RING` (``"ring"``: Zenoh ownership
-            ring, every worker receives everything, the owner of a bucket publishes it) or
-            :attr:`ScaleOutMode.KEY_SHARED` (``"key-shared"``: Pulsar Key_Shared STICKY slots,
-            each worker receives only its buckets, acknowledged after their frame). See
-            :mod:`embodied_bus.fusion.ownership`.
+            ring, the owner of a bucket publishes its frames) or :attr:`ScaleOutMode.KEY_SHARED`
+            (``"key-shared"``: Pulsar Key_Shared STICKY slots of the reference stream, each
+            reference sample acknowledged after its frame). Every worker assembles every frame.
+            See :mod:`embodied_bus.fusion.scale_out`.
         worker_id: Member id in the worker group (default: random).
         join_margin_buckets: A worker joining a running ring owns buckets from its current
             bucket plus this many (default: the lateness bound in buckets + 3).
@@ -94,6 +95,7 @@ class FusionWorker:
         self._on_frame = on_frame
         self._idle_flush_s = idle_flush_s
         self._subs: list[Subscription] = []
+        self._inputs: AlignedInputs | None = None
         self._frames_pub: Publisher | None = None
         self._late_pub: Publisher | None = None
         self._last_input = time.monotonic()
@@ -130,27 +132,45 @@ class FusionWorker:
         self._subs.append(sub)
         return sub
 
-    async def pump(self, sub: Subscription) -> None:
-        """Feed every sample of ``sub`` to :meth:`push`, one at a time."""
+    async def open_inputs(self, streams: tuple[str, ...]) -> AlignedInputs:
+        """One lossless subscription per input stream, taken in stamp order across them."""
+        subs = {name: await self.subscribe(name) for name in streams}
+        offsets = {s.name: s.clock_offset_ns for s in self.spec.streams}
+        lateness = self.spec.lateness_ns
+        return AlignedInputs(subs, offsets, align_ns=lateness // 2, idle_s=lateness / 1e9)
+
+    async def pump(self, inputs: AlignedInputs) -> None:
+        """Feed every input sample to the assembler, earliest stamp first, a batch at a time."""
+        self._inputs = inputs
         handling = self.handling
-        async for sample in sub:
+        while True:
+            try:
+                batch = await inputs.next_batch()
+            except BusClosedError:
+                return
             async with handling:
-                await self.push(sample)
+                await self.push_many(batch)
 
     async def push(self, sample: Sample) -> None:
         """Feed one sample (the subscriptions call this; tests and replay may too)."""
+        await self.push_many([sample])
+
+    async def push_many(self, samples: list[Sample]) -> None:
+        """Feed samples in order, publishing what they complete."""
         self._last_input = time.monotonic()
-        if not self.same_clock(sample):
-            return
-        admission = await self.scale_out.admit(sample)
-        if admission is Admission.HELD:
-            return
-        if admission is Admission.CONTEXT:
-            await self.handle(self.assembler.push_context(sample))
-            return
-        events = self.assembler.push(sample)
-        await self.scale_out.after_push(sample)
-        await self.handle(events)
+        push = self.assembler.push
+        so = self.scale_out
+        after = so.needs_after_push
+        width, offset = self.spec.clock.width_ns, self.spec.clock.offset_ns
+        for sample in samples:
+            h = sample.header
+            if (h.bucket_width_ns != width or h.bucket_offset_ns != offset) and not self.same_clock(sample):
+                continue
+            events = push(sample)
+            if after:
+                await so.after_push(sample)
+            if events:
+                await self.handle(events)
 
     def same_clock(self, sample: Sample) -> bool:
         """True if ``sample`` was bucketed with the spec's clock. Otherwise it is refused
@@ -178,12 +198,17 @@ class FusionWorker:
     async def publish_frame(self, frame: MultiModalFrame) -> None:
         """Publish a frame (and count it)."""
         now = time.time_ns()
-        _log.debug(
-            "publish bucket %d members %s forced %s", frame.bucket, sorted(frame.members), frame.forced
-        )
+        if _log.isEnabledFor(logging.DEBUG):
+            _log.debug(
+                "publish frame %d (bucket %d) members %s forced %s",
+                frame.reference_stamp_ns,
+                frame.bucket,
+                sorted(frame.members),
+                frame.forced,
+            )
         if frame.pane == 0:
             self.metrics.record(frame, now)
-            self.scale_out.mark_published(frame.bucket)
+            self.scale_out.mark_published(frame.reference_stamp_ns)
         assert self._frames_pub is not None
         await self._frames_pub.publish(encode_frame(frame), stamp_ns=frame.reference_stamp_ns)
         if self._on_frame is not None:
@@ -206,9 +231,9 @@ class FusionWorker:
                 _log.debug("late %s sample for bucket %d", ev.sample.stream, ev.bucket)
                 if so.owns(ev.bucket):
                     await self._publish_late(ev)
-            elif isinstance(ev, DroppedBucket):
+            elif isinstance(ev, DroppedFrame):
                 self.metrics.dropped += 1
-                so.dropped(ev.bucket)
+                so.dropped(ev.reference_stamp_ns)
             elif isinstance(ev, StampJump):
                 self.metrics.jumps += 1
 
@@ -264,25 +289,25 @@ class FusionWorker:
             if self.bus.closed:  # the program closed the bus first: nothing in, nothing out
                 raise BusClosedError(
                     f"fusion worker of {self.spec.name!r}: its bus was closed while it ran; it "
-                    f"stopped with {len(self.assembler.open_bucket_ids)} open bucket(s) unpublished"
+                    f"stopped with {self.assembler.pending_frames} pending frame(s) unpublished"
                 )
             for t in tasks:
                 if t.done() and not t.cancelled() and t.exception() is not None:
                     raise t.exception()  # type: ignore[misc]
             async with self.handling:
                 await self.scale_out.tick()
-                if self.assembler.open_buckets and time.monotonic() - self._last_input > self._idle_flush_s:
+                if self.assembler.pending_frames and time.monotonic() - self._last_input > self._idle_flush_s:
                     await self.handle(self.assembler.flush())
 
     async def _wind_down(self, stop: asyncio.Event, tasks: list[asyncio.Task[None]]) -> None:
-        """Stopping on an open bus: hand over or publish what is open, then flush."""
+        """Stopping on an open bus: hand over or publish what is pending, then flush."""
         handed = await self.scale_out.leave(stop)
         for s in self._subs:
             await s.close()
         for t in tasks:
             t.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
-        await self.handle(self.assembler.flush())  # a ring leaver's frames are held
+        await self.handle(self.assembler.flush())  # a leaver's frames are held
         await self.scale_out.after_flush(handed)
         await self.scale_out.close()
         assert self._frames_pub is not None and self._late_pub is not None  # made by run()
@@ -299,6 +324,8 @@ class FusionWorker:
             "stamp_fallbacks": s.stamp_fallbacks,
             "unused": s.unused,
             "forced": s.forced,
+            "pending": self.assembler.pending_frames,
             "foreign_clock": dict(self.foreign_clock),
+            "aligned_waits": self._inputs.waits if self._inputs is not None else 0,
             **self.scale_out.summary(),
         }

@@ -65,9 +65,8 @@ class ReplayOptions:
         stamp: ``header`` (sensor stamps; zero stamps fall back to log time with a flag) or
             ``log`` (the recorder's clock).
         clock: Bucket clock of the published streams.
-        wait_subscribers_s: Before the first message of a timed replay, wait up to this long for
-            a subscriber on every replayed topic (0: start at once; Zenoh drops what nobody
-            receives).
+        wait_subscribers_s: Before the first message, wait up to this long for a subscriber on
+            every replayed topic (0: start at once; Zenoh drops what nobody receives).
     """
 
     rate: float = 1.0
@@ -88,8 +87,8 @@ class ReplayOptions:
             raise BusConfigError(f"replay stamp must be 'header' or 'log', got {self.stamp!r}")
         if self.start_s < 0 or (self.duration_s is not None and self.duration_s <= 0):
             raise BusConfigError("replay start must be >= 0 and duration > 0")
-        if self.wait_subscribers_s < 0 or (self.wait_subscribers_s and self.fast):
-            raise BusConfigError("replay wait for subscribers: seconds >= 0, for a timed replay (not fast)")
+        if self.wait_subscribers_s < 0:
+            raise BusConfigError("replay wait for subscribers: seconds must be >= 0")
 
 
 @dataclass
@@ -150,7 +149,9 @@ async def replay(
     target: ReplayTarget = BusTarget(bus) if isinstance(bus, Bus) else bus
     summary = ReplaySummary()
     pubs: dict[str, ReplayPublisher] = {}
-    if not opts.fast:  # fast: the reader reports the extent when it opens (one open, not two)
+    if not opts.fast or opts.wait_subscribers_s > 0:
+        # declared up front: no set-up cost on the clock, subscribers can match first (fast
+        # without waiting: the reader reports the extent when it opens, one open, not two)
         _plan(summary, opts, recording_info(paths))
         for topic, msgtype in summary.topics.items():  # declare up front: no setup cost on the clock
             if opts.topics is None or topic in opts.topics:

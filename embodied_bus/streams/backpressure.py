@@ -286,6 +286,26 @@ class BoundedBuffer(Generic[T]):
                     if self._waiter is fut:
                         self._waiter = None
 
+    def notify_when_ready(self, fut: asyncio.Future[None]) -> bool:
+        """Have ``fut`` set (from the loop) once an item is waiting or the buffer closes, so
+        one consumer can wait on several buffers with one future (consumer's thread only).
+
+        Returns:
+            True if that is already so (``fut`` is left alone).
+        """
+        if self._stash:
+            return True
+        with self._lock:
+            if self._items or self._closed:
+                return True
+            self._waiter = fut
+            return False
+
+    @property
+    def closed(self) -> bool:
+        """Whether the buffer was closed."""
+        return self._closed
+
     def close(self) -> list[T]:
         """Close the buffer, wake all waiters and return what was left in it."""
         with self._lock:

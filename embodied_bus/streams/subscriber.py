@@ -243,6 +243,16 @@ class Subscription:
         item = self._buffer.get_nowait()
         return None if item is None else self._take(item)
 
+    def notify_when_ready(self, fut: asyncio.Future[None]) -> bool:
+        """Have ``fut`` set once a sample is waiting or the subscription closes (to wait on
+        several subscriptions with one future); True if that is already so."""
+        return self._buffer.notify_when_ready(fut)
+
+    @property
+    def closed(self) -> bool:
+        """Whether the subscription is closed."""
+        return self._closed or self._buffer.closed
+
     async def recv_many(
         self, max_samples: int = RECV_MANY_DEFAULT, timeout_s: float | None = None
     ) -> list[Sample]:

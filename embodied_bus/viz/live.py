@@ -5,7 +5,7 @@ Channels, advertised as their data first appears:
 * ``/<stream>``: every stream, as its ROS 2 message where it has one (see
   :mod:`embodied_bus.viz.messages`), with the sensor stamp as the message time;
 * ``/fused/<stream>``: the members of each fused frame, and ``/fused/status`` (JSON): pipeline,
-  bucket, complete, missing, late count, skew per member;
+  bucket, reference stamp, complete, missing, late count, skew per member, what it waited on;
 * ``/actions/queue`` (JSON): backlog per kind and priority, in flight, totals, and the latest
   outcomes with their attempts;
 * ``/bus/streams`` (JSON): the stream statistics of ``embodied-bus top`` and what the view
@@ -54,10 +54,12 @@ _STATUS_SCHEMA = json_schema(
         "properties": {
             "pipeline": {"type": "string"},
             "bucket": {"type": "integer"},
+            "reference_stamp_ns": {"type": "integer"},
             "complete": {"type": "boolean"},
             "missing": {"type": "array", "items": {"type": "string"}},
             "late_count": {"type": "integer"},
-            "max_skew_ms": {"type": "number"},
+            "max_skew_ms": {"type": ["number", "null"]},
+            "waited_on": {"type": ["string", "null"]},
             "skew_ms": {"type": "object"},
             "members": {"type": "object"},
         },

@@ -1,4 +1,4 @@
-"""Fusion timeline PNG: per bucket, which modalities arrived, the skew and the latency."""
+"""Fusion timeline PNG: per frame, which modalities arrived, the skew and the latency."""
 
 from __future__ import annotations
 
@@ -45,7 +45,7 @@ def load_frame_summaries(path: str | Path) -> list[dict[str, Any]]:
     frames = [f for f in frames if f.get("pane", 0) == 0 and "bucket" in f]
     if not frames:
         raise EmbodiedBusError(f"no frames in {str(p)!r}")
-    return sorted(frames, key=lambda f: f["bucket"])
+    return sorted(frames, key=lambda f: f["reference_stamp_ns"])
 
 
 def added_latency_series(frames: list[dict[str, Any]]) -> tuple[list[float], list[float]]:
@@ -62,11 +62,39 @@ def added_latency_series(frames: list[dict[str, Any]]) -> tuple[list[float], lis
     return usual, forced
 
 
+def _clip_outliers(ax: Any, values: list[list[float]], unit: str) -> None:
+    """Keep a panel readable: if a few points lie far above the rest (a blackout's forced
+    frames, a stalled sensor), cut the axis at a little above the 99th percentile and mark the
+    points above it at the top edge, saying how many and up to how far."""
+    import numpy as np
+
+    flat = np.asarray([v for series in values for v in series], dtype=float)
+    flat = flat[np.isfinite(flat)]
+    if flat.size < 20:
+        return
+    p99, top = float(np.percentile(flat, 99)), float(flat.max())
+    if top <= 3 * p99 or p99 <= 0:
+        return
+    limit = 1.3 * p99
+    ax.set_ylim(bottom=0, top=limit)
+    above = int((flat > limit).sum())
+    ax.text(
+        0.01,
+        0.97,
+        f"{above} point(s) above, up to {top:.0f} {unit}: axis cut at {limit:.0f} {unit}",
+        transform=ax.transAxes,
+        fontsize=8,
+        va="top",
+        color="#c0392b",
+    )
+
+
 def plot_timeline(frames: list[dict[str, Any]], out: str | Path, *, title: str = "") -> Path:
     """Draw the timeline and write a PNG.
 
     Rows: one band per stream (green = present, red = missing, grey = no data expected);
-    then the max member skew per frame, then added and end-to-end latency (ms).
+    then each stream's largest |member stamp - reference stamp| per frame, then added and
+    end-to-end latency (ms). Far outliers are cut off at the top of their panel and counted.
     """
     import matplotlib
 
@@ -101,15 +129,18 @@ def plot_timeline(frames: list[dict[str, Any]], out: str | Path, *, title: str =
         or f"{len(frames)} frames, {100 * n_complete / len(frames):.1f} % complete "
         "(green: present, red: missing)"
     )
-    for stream in streams:  # skew of each stream's (first) member to the reference stamp
+    skews: list[list[float]] = []
+    for stream in streams:  # each stream's largest |member stamp - reference stamp| per frame
         sk = [
-            abs(f["members"][stream][0].get("skew_ms", 0.0))
-            if stream in f.get("members", {}) and isinstance(f["members"][stream][0], dict)
+            max(abs(float(m.get("skew_ms") or 0.0)) for m in f["members"][stream])
+            if f.get("members", {}).get(stream) and isinstance(f["members"][stream][0], dict)
             else np.nan
             for f in frames
         ]
         if np.nanmax(np.asarray(sk, dtype=float), initial=0.0) > 0:
             axes[1].plot(t, sk, ".", ms=3, label=stream)
+            skews.append(sk)
+    _clip_outliers(axes[1], skews, "ms")
     axes[1].set_ylabel("|skew| to\nreference (ms)")
     if axes[1].get_legend_handles_labels()[0]:
         axes[1].legend(loc="upper right", fontsize=8)
@@ -142,9 +173,10 @@ def plot_timeline(frames: list[dict[str, Any]], out: str | Path, *, title: str =
             label="added, frame forced out (lateness bound or end of stream)",
             color="#c0392b",
         )
+    _clip_outliers(axes[2], [usual, late, [v for v in e2e if v is not None]], "ms")
     axes[2].set_ylabel("latency\n(ms)")
-    axes[2].legend(loc="best", fontsize=8)
-    axes[2].set_xlabel("time since the first frame (s)")
+    axes[2].legend(loc="upper right", fontsize=8)
+    axes[2].set_xlabel("sensor time since the first frame's reference stamp (s)")
     for a in axes[1:]:
         a.grid(alpha=0.3)
     fig.tight_layout()
