@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import bisect
 import dataclasses
+import itertools
 import random
 from collections import Counter
 from pathlib import Path
@@ -272,8 +273,10 @@ def test_sim_writes_a_recording_with_the_clocks_asked_for_and_it_fuses_one_frame
 
     out = tmp_path / "drift.mcap"
     run = subprocess.run(
-        [sys.executable, "-m", "embodied_bus.cli.main", "sim", str(out), "--duration", "20"]
-        + ["--rate", "lidar/top=10.03", "--jitter", "camera/front=6", "--loss", "0.02"],
+        [
+            *(sys.executable, "-m", "embodied_bus.cli.main", "sim", str(out), "--duration", "20"),
+            *("--rate", "lidar/top=10.03", "--jitter", "camera/front=6", "--loss", "0.02"),
+        ],
         capture_output=True,
         text=True,
         timeout=60,
@@ -282,7 +285,7 @@ def test_sim_writes_a_recording_with_the_clocks_asked_for_and_it_fuses_one_frame
     assert json.loads(run.stdout.splitlines()[-1])["rates_hz"]["lidar/top"] == 10.03
     samples = recording_samples(out, ["/lidar/top", "/camera/front", "/gps", "/imu"])
     sweeps = sorted(s.stamp_ns for s in samples if s.stream == "lidar/top")
-    gaps = sorted(b - a for a, b in zip(sweeps, sweeps[1:], strict=False))
+    gaps = sorted(b - a for a, b in itertools.pairwise(sweeps))
     assert abs(gaps[len(gaps) // 2] - 99_700_299) < 3 * MS  # 10.03 Hz, as asked
     frames, asm = fuse(samples)
     assert len(uses(frames, "lidar/top")) == len(sweeps) and set(uses(frames, "lidar/top").values()) == {1}
