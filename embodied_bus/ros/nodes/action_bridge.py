@@ -16,17 +16,23 @@ Connects the action queue and ROS 2:
   result; ABORTED nacks (the queue retries, on another executor where one exists); a rejected
   goal or a payload that does not fit the goal dead-letters at once; a queue cancel cancels the
   goal. An unreachable server nacks, so another robot's bridge can take the action.
+* **ROS action clients → queue** (``actions.offer``). A queue kind is served as a ROS 2 action
+  server: each accepted goal is submitted as a queue action of that kind (the goal id is its
+  idempotency key), queue feedback is published as action feedback, and the outcome maps back
+  as SUCCEEDED (with the result's fields), CANCELED (a client's cancel cancels the queue
+  action) or ABORTED (dead-lettered).
 """
 
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import json
 from typing import Any
 
-from embodied_bus.actions.client import Planner
+from embodied_bus.actions.client import ActionHandle, Planner
 from embodied_bus.actions.executor import ActionContext, Executor
-from embodied_bus.actions.model import Action
+from embodied_bus.actions.model import Action, ActionStatus
 from embodied_bus.actions.policy import PermanentFailure
 from embodied_bus.bus import Bus, open_bus
 from embodied_bus.ros.bridge_core import (
@@ -46,6 +52,8 @@ __all__ = ["main"]
 NODE_NAME = "action_bridge"
 #: How long to wait for an action server before handing the action back, seconds.
 SERVER_WAIT_S = 5.0
+#: How often an offered goal's execution checks for a client's cancel request, seconds.
+CANCEL_POLL_S = 0.05
 
 
 def _to_dict(msg: Any) -> Any:
@@ -100,6 +108,86 @@ def _route_handler(node: Any, route: ActionRoute) -> Any:
     return handle
 
 
+class _OfferedGoal:
+    """One goal of an offered kind, executed on an rclpy executor thread: submitted to the
+    queue, its feedback forwarded, its outcome mapped back."""
+
+    def __init__(
+        self, route: ActionRoute, action_cls: Any, planner: Planner, loop: asyncio.AbstractEventLoop
+    ) -> None:
+        self.route, self.action_cls, self.planner, self.loop = route, action_cls, planner, loop
+
+    def _call(self, coro: Any) -> concurrent.futures.Future[Any]:
+        return asyncio.run_coroutine_threadsafe(coro, self.loop)
+
+    def execute(self, goal_handle: Any) -> Any:
+        from rosidl_runtime_py.set_message import set_message_fields
+
+        result = self.action_cls.Result()
+        goal_id = bytes(goal_handle.goal_id.uuid).hex()
+        try:
+            handle: ActionHandle = self._call(
+                self.planner.submit(
+                    self.route.kind, _to_dict(goal_handle.request), idempotency_key=f"ros2-goal-{goal_id}"
+                )
+            ).result(timeout=30)
+        except Exception:  # the queue refused it: the client sees the goal aborted
+            goal_handle.abort()
+            return result
+        feedback = self._call(self._forward_feedback(handle, goal_handle))
+        final_f = self._call(handle.result())
+        cancel_sent = False
+        while True:
+            try:
+                final: Action = final_f.result(timeout=CANCEL_POLL_S)
+                break
+            except concurrent.futures.TimeoutError:
+                if goal_handle.is_cancel_requested and not cancel_sent:
+                    cancel_sent = True
+                    self._call(handle.cancel())
+        feedback.cancel()
+        if final.status is ActionStatus.SUCCEEDED:
+            try:
+                set_message_fields(result, final.result if isinstance(final.result, dict) else {})
+            except (AttributeError, TypeError, ValueError):
+                goal_handle.abort()
+                return self.action_cls.Result()
+            goal_handle.succeed()
+        elif final.status is ActionStatus.CANCELED and goal_handle.is_cancel_requested:
+            goal_handle.canceled()
+        else:
+            goal_handle.abort()
+        return result
+
+    async def _forward_feedback(self, handle: ActionHandle, goal_handle: Any) -> None:
+        from rosidl_runtime_py.set_message import set_message_fields
+
+        async for data in handle.feedback():
+            fb = self.action_cls.Feedback()
+            try:
+                set_message_fields(fb, data if isinstance(data, dict) else {})
+            except (AttributeError, TypeError, ValueError):
+                continue
+            goal_handle.publish_feedback(fb)
+
+
+def _offer(node: Any, route: ActionRoute, planner: Planner, loop: asyncio.AbstractEventLoop) -> Any:
+    """Serve the queue kind ``route.kind`` as the ROS 2 action server ``route.action``."""
+    from rclpy.action import ActionServer, CancelResponse, GoalResponse
+    from rosidl_runtime_py.utilities import get_action
+
+    action_cls = get_action(route.action_type)
+    goal = _OfferedGoal(route, action_cls, planner, loop)
+    return ActionServer(
+        node,
+        action_cls,
+        route.action,
+        execute_callback=goal.execute,
+        goal_callback=lambda _request: GoalResponse.ACCEPT,
+        cancel_callback=lambda _goal_handle: CancelResponse.ACCEPT,
+    )
+
+
 async def _submissions(node: Any, bus: Bus, params: NodeParams, stop: asyncio.Event) -> None:
     from std_msgs.msg import String
 
@@ -151,6 +239,14 @@ async def serve(node: Any, params: NodeParams, stop: asyncio.Event) -> None:
     cfg = params.config
     async with open_bus(params.bus, namespace=params.bus_namespace) as bus:
         jobs = [asyncio.create_task(_submissions(node, bus, params, stop))]
+        offers = []
+        if cfg.offers:
+            planner = Planner(bus)
+            for route in cfg.offers:
+                offers.append(_offer(node, route, planner, asyncio.get_running_loop()))
+                node.get_logger().info(
+                    f"ROS action {route.action} ({route.action_type}) -> queue '{route.kind}'"
+                )
         routes, problems = resolve_routes(cfg.actions, lambda route: _route_handler(node, route))
         for problem in problems:
             node.get_logger().error(problem)
@@ -164,6 +260,8 @@ async def serve(node: Any, params: NodeParams, stop: asyncio.Event) -> None:
             jobs.append(asyncio.create_task(executor.run(stop)))
         await stop.wait()
         await asyncio.gather(*jobs, return_exceptions=True)
+        for server in offers:
+            server.destroy()
 
 
 def main(args: list[str] | None = None) -> int:

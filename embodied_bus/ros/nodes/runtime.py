@@ -15,7 +15,18 @@ from embodied_bus.ros.config import RobotConfig, load_robot_config
 from embodied_bus.ros.launching import require_shared_bus
 from embodied_bus.rosmsg.rmw_zenoh import Durability, History, QosProfile, Reliability
 
-__all__ = ["NodeParams", "declare_params", "rclpy_qos", "require_rclpy", "run_node", "to_asyncio"]
+__all__ = [
+    "EXECUTOR_THREADS",
+    "NodeParams",
+    "declare_params",
+    "rclpy_qos",
+    "require_rclpy",
+    "run_node",
+    "to_asyncio",
+]
+
+#: Threads of the rclpy executor each node spins.
+EXECUTOR_THREADS = 8
 
 
 def require_rclpy(node_name: str) -> Any:
@@ -115,7 +126,9 @@ def run_node(
     except ImportError:  # older rclpy: its own handler shuts the context down on SIGINT
         rclpy.init(args=args)
     node = rclpy.create_node(node_name)
-    executor = MultiThreadedExecutor()
+    # threads for blocking callbacks (an offered goal waits for its queue action) beside the
+    # subscriptions and services
+    executor = MultiThreadedExecutor(num_threads=EXECUTOR_THREADS)
     executor.add_node(node)
     spinner = threading.Thread(target=executor.spin, name=f"{node_name}-spin", daemon=True)
     spinner.start()
