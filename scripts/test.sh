@@ -7,6 +7,9 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 scripts/setup.sh pulsar,test
 .venv/bin/python -m embodied_bus.testing.pulsar fetch >/dev/null
+# real ROS 2 Jazzy (rclpy over Fast DDS, launch, the ros2 tools, rmw_zenoh_cpp) for the ROS tests,
+# built once into ~/.cache/embodied_bus from ../shared/ros2 where it is there (else they skip)
+.venv/bin/python -m embodied_bus.testing.ros2 setup
 .venv/bin/ruff check embodied_bus test bench examples
 .venv/bin/mypy embodied_bus
 .venv/bin/lint-imports                    # the layers of docs/architecture.md

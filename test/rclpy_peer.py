@@ -110,7 +110,7 @@ def cmd_pub(args: argparse.Namespace) -> dict[str, Any]:
     for i in range(args.count):
         msg = cls()
         fill(msg, args.type, args.size)
-        ns = now_ns(node)
+        ns = 0 if args.zero_stamp else now_ns(node)
         stamp(msg, ns, f"frame{i}")
         pub.publish(msg)
         stamps.append(ns)
@@ -123,14 +123,14 @@ def cmd_pub(args: argparse.Namespace) -> dict[str, Any]:
 
 def cmd_pubs(args: argparse.Namespace) -> dict[str, Any]:
     """Several topics from one node, as ``--plan`` (JSON: [{topic, type, count, rate, qos,
-    size}]) says, once every one has a subscriber."""
+    size}]) says, once every one has ``--subscribers`` subscribers."""
     node = rclpy.create_node("rclpy_peer_pubs", namespace=args.namespace)
     plan = json.loads(args.plan)
     pubs = [
         node.create_publisher(get_message(p["type"]), p["topic"], qos(p.get("qos", "reliable"))) for p in plan
     ]
     deadline = time.monotonic() + args.match_timeout_s
-    while any(p.get_subscription_count() < 1 for p in pubs) and time.monotonic() < deadline:
+    while any(p.get_subscription_count() < args.subscribers for p in pubs) and time.monotonic() < deadline:
         rclpy.spin_once(node, timeout_sec=0.05)
     ready()
     stamps: list[list[int]] = [[] for _ in plan]
@@ -152,6 +152,24 @@ def cmd_pubs(args: argparse.Namespace) -> dict[str, Any]:
     return {"published": {p["topic"]: stamps[i] for i, p in enumerate(plan)}}
 
 
+def cmd_clock_pub(args: argparse.Namespace) -> dict[str, Any]:
+    """Publish /clock (sim time) from ``--start-ns``, ``--rate`` Hz, ``--count`` ticks, 10 ms of
+    sim time apart."""
+    from rosgraph_msgs.msg import Clock
+
+    node = rclpy.create_node("rclpy_clock", namespace=args.namespace)
+    pub = node.create_publisher(Clock, "/clock", 10)
+    ready()
+    t = args.start_ns
+    for _ in range(args.count):
+        msg = Clock()
+        msg.clock.sec, msg.clock.nanosec = t // 1_000_000_000, t % 1_000_000_000
+        pub.publish(msg)
+        t += 10_000_000
+        time.sleep(1.0 / args.rate)
+    return {"last_ns": t}
+
+
 def cmd_listen(args: argparse.Namespace) -> dict[str, Any]:
     node = rclpy.create_node("rclpy_peer_listen", namespace=args.namespace)
     got: list[dict[str, Any]] = []
@@ -168,6 +186,25 @@ def cmd_listen(args: argparse.Namespace) -> dict[str, Any]:
     ready()
     spin_until(node, lambda: len(got) >= args.count, args.timeout_s)
     return {"received": len(got), "messages": got}
+
+
+def cmd_listens(args: argparse.Namespace) -> dict[str, Any]:
+    """Several topics in one node (``--plan``: [{topic, type, qos}]) for ``--timeout-s`` or until
+    ``--count`` messages came on each; the stamps received per topic."""
+    node = rclpy.create_node("rclpy_peer_listens", namespace=args.namespace)
+    got: dict[str, list[int]] = {}
+    for p in json.loads(args.plan):
+        topic = p["topic"]
+        got[topic] = []
+        node.create_subscription(
+            get_message(p["type"]),
+            topic,
+            lambda m, t=topic: got[t].append(stamp_of(m)),
+            qos(p.get("qos", "reliable")),
+        )
+    ready()
+    spin_until(node, lambda: all(len(v) >= args.count for v in got.values()), args.timeout_s)
+    return {"received": got}
 
 
 def cmd_sensors(args: argparse.Namespace) -> dict[str, Any]:
@@ -247,6 +284,9 @@ def cmd_fibonacci_server(args: argparse.Namespace) -> dict[str, Any]:
     deadline = time.monotonic() + args.timeout_s
     while time.monotonic() < deadline and sum(1 for e in events if "goal" not in e) < args.goals:
         executor.spin_once(timeout_sec=0.05)
+    linger = time.monotonic() + args.linger_s  # the last result response goes out
+    while time.monotonic() < linger:
+        executor.spin_once(timeout_sec=0.05)
     return {"events": events}
 
 
@@ -321,6 +361,8 @@ def main() -> int:
     ap.add_argument("--topic")
     ap.add_argument("--type")
     ap.add_argument("--plan", default="[]")
+    ap.add_argument("--zero-stamp", action="store_true")
+    ap.add_argument("--start-ns", type=int, default=1_000_000_000_000)
     ap.add_argument("--topics", nargs="*", default=[])
     ap.add_argument("--types", nargs="*", default=[])
     ap.add_argument("--count", type=int, default=10)
@@ -347,7 +389,9 @@ def main() -> int:
         out = {
             "pub": cmd_pub,
             "pubs": cmd_pubs,
+            "clock-pub": cmd_clock_pub,
             "listen": cmd_listen,
+            "listens": cmd_listens,
             "sensors": cmd_sensors,
             "fibonacci-server": cmd_fibonacci_server,
             "fibonacci-client": cmd_fibonacci_client,

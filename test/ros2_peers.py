@@ -4,9 +4,8 @@ ROS domain of its own. Where there is no such Python, the tests that need one sk
 
 from __future__ import annotations
 
-import itertools
 import json
-import os
+import random
 import signal
 import subprocess
 import threading
@@ -23,8 +22,9 @@ from embodied_bus.testing.ros2 import RosPython, find_ros_python
 ROOT = Path(__file__).resolve().parents[1]
 PEER = Path(__file__).with_name("rclpy_peer.py")
 _FOUND: list[RosPython | str] = []
-#: ROS domains handed out to tests (this process's pid spreads concurrent test runs apart).
-_DOMAINS = itertools.cycle(range(1 + os.getpid() % 50, 101))
+#: ROS domains handed out to tests, in a random order (concurrent test runs and participants
+#: that a killed process left behind rarely share one).
+_DOMAINS = random.sample(range(1, 101), 100)
 
 
 def ros2() -> RosPython:
@@ -39,7 +39,9 @@ def ros2() -> RosPython:
 
 def domain_id() -> int:
     """A ROS_DOMAIN_ID for one test."""
-    return next(_DOMAINS)
+    domain = _DOMAINS.pop(0)
+    _DOMAINS.append(domain)
+    return domain
 
 
 class Proc:
@@ -137,6 +139,16 @@ class RosEnv:
             text=True,
             timeout=timeout_s,
         )
+
+    def ros2_until(self, *argv: str, want: str, timeout_s: float = 30.0) -> str:
+        """Run a ``ros2`` command (``--no-daemon``: discovery starts afresh each time, and may
+        not have found every node yet) until its output has a line holding ``want``; its last
+        output."""
+        deadline = time.monotonic() + timeout_s
+        while True:
+            out = self.ros2(*argv, "--no-daemon").stdout
+            if any(want in line for line in out.splitlines()) or time.monotonic() > deadline:
+                return out
 
     def stop(self) -> None:
         for p in reversed(self.procs):

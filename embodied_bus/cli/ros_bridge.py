@@ -61,7 +61,7 @@ async def run(args: argparse.Namespace) -> int:
         link = dataclasses.replace(link, host_router=args.host_router)
     if args.connect:
         link = dataclasses.replace(link, connect=tuple(args.connect), host_router=None)
-    cfg = dataclasses.replace(cfg, ros=link)
+    cfg = dataclasses.replace(cfg, ros=link).resolved()  # relative ROS names under the node's namespace
     url = bus_beside_ros(cfg.bus_url(args.bus), link)
     stop = asyncio.Event()
     install_stop_signals(stop)

@@ -8,8 +8,9 @@ on load; every error names the offending key.
 from __future__ import annotations
 
 import os
+import re
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -31,6 +32,7 @@ __all__ = [
     "RosLink",
     "TopicRoute",
     "load_robot_config",
+    "resolve_name",
     "robot_config_from_dict",
 ]
 
@@ -52,7 +54,8 @@ class TopicRoute:
     """One ROS topic ↔ one bus stream.
 
     Attributes:
-        topic: Fully qualified ROS topic, e.g. ``/lidar/points``.
+        topic: ROS topic, e.g. ``/lidar/points`` (or ``lidar/points``, relative to the node's
+            namespace).
         ros_type: e.g. ``sensor_msgs/msg/PointCloud2``.
         stream: Bus stream name, e.g. ``lidar/top``.
         qos: QoS of the ROS endpoint the bridge creates.
@@ -62,6 +65,10 @@ class TopicRoute:
     ros_type: str
     stream: str
     qos: QosProfile
+
+    def resolved(self, namespace: str) -> TopicRoute:
+        """This route with its topic made absolute under ``namespace``."""
+        return replace(self, topic=resolve_name(self.topic, namespace))
 
 
 @dataclass(frozen=True, slots=True)
@@ -73,6 +80,14 @@ class FrameRoute:
     namespace: str
     diagnostics: str
 
+    def resolved(self, namespace: str) -> FrameRoute:
+        """This route with its names made absolute under ``namespace``."""
+        return replace(
+            self,
+            namespace=resolve_name(self.namespace, namespace),
+            diagnostics=resolve_name(self.diagnostics, namespace),
+        )
+
 
 @dataclass(frozen=True, slots=True)
 class ActionRoute:
@@ -82,6 +97,10 @@ class ActionRoute:
     action: str
     action_type: str
     timeout_s: float
+
+    def resolved(self, namespace: str) -> ActionRoute:
+        """This route with its action name made absolute under ``namespace``."""
+        return replace(self, action=resolve_name(self.action, namespace))
 
 
 @dataclass(frozen=True, slots=True)
@@ -129,16 +148,47 @@ class RobotConfig:
     #: spec's, else the default (a fusion worker refuses samples of another clock).
     clock: BucketClock = field(default_factory=BucketClock)
 
+    def resolved(self) -> RobotConfig:
+        """Every ROS name made absolute under the bridge node's namespace (``ros.namespace``), as
+        an rclpy node resolves relative names under its own."""
+        ns = self.ros.namespace
+        return replace(
+            self,
+            inbound=tuple(r.resolved(ns) for r in self.inbound),
+            outbound=tuple(r.resolved(ns) for r in self.outbound),
+            frames=tuple(r.resolved(ns) for r in self.frames),
+            actions=tuple(r.resolved(ns) for r in self.actions),
+            offers=tuple(r.resolved(ns) for r in self.offers),
+            submit_topic=resolve_name(self.submit_topic, ns),
+            results_topic=resolve_name(self.results_topic, ns),
+        )
+
     def bus_url(self, override: str | None = None) -> str:
         """The bus to use: ``override``, else ``bus:``, else ``$EMBODIED_BUS_URL``, else the
         embedded default."""
         return override or self.bus or os.environ.get("EMBODIED_BUS_URL", DEFAULT_URL)
 
 
+_NAME_TOKEN = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+
+
 def _topic(where: str, value: str) -> str:
-    if not value.startswith("/") or value.endswith("/") or "//" in value:
-        raise RobotConfigError(f"{where}: {value!r} is not a fully qualified ROS topic (/a/b)")
+    """A ROS topic or action name: absolute (``/a/b``) or relative to the node's namespace
+    (``a/b``), as ROS 2 resolves it."""
+    tokens = value[1:].split("/") if value.startswith("/") else value.split("/")
+    if not value or not all(_NAME_TOKEN.match(t) for t in tokens):
+        raise RobotConfigError(
+            f"{where}: {value!r} is not a ROS topic name (/a/b, or a/b relative to the node's namespace)"
+        )
     return value
+
+
+def resolve_name(name: str, namespace: str) -> str:
+    """``name`` made absolute under ``namespace`` (an absolute name stays as it is)."""
+    if name.startswith("/"):
+        return name
+    ns = namespace.strip("/")
+    return f"/{ns}/{name}" if ns else f"/{name}"
 
 
 def _type(where: str, value: str) -> str:

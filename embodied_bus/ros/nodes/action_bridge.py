@@ -83,16 +83,28 @@ def _route_handler(node: Any, route: ActionRoute) -> Any:
         def on_feedback(fb: Any) -> None:
             loop.call_soon_threadsafe(ctx.feedback, _to_dict(fb.feedback))
 
-        goal_handle = await to_asyncio(loop, client.send_goal_async(goal, feedback_callback=on_feedback))
+        # the action client is driven from the executor's thread only (rclpy's ActionClient keeps
+        # its pending requests in plain dicts the executor reads)
+        async def send() -> Any:
+            return await client.send_goal_async(goal, feedback_callback=on_feedback)
+
+        goal_handle = await to_asyncio(loop, node.executor.create_task(send))
         if not goal_handle.accepted:
             raise PermanentFailure(f"{route.action} rejected the goal")
-        result_fut = to_asyncio(loop, goal_handle.get_result_async())
+
+        async def result() -> Any:
+            return await goal_handle.get_result_async()
+
+        async def cancel() -> Any:
+            return await goal_handle.cancel_goal_async()
+
+        result_fut = to_asyncio(loop, node.executor.create_task(result))
         cancel_wait = asyncio.ensure_future(ctx.cancelled.wait())
         done, _ = await asyncio.wait(
             {result_fut, cancel_wait}, timeout=route.timeout_s, return_when=asyncio.FIRST_COMPLETED
         )
         if result_fut not in done:
-            await to_asyncio(loop, goal_handle.cancel_goal_async())
+            await to_asyncio(loop, node.executor.create_task(cancel))
             cancel_wait.cancel()
             reason = (
                 "canceled by the queue" if cancel_wait in done else f"timed out after {route.timeout_s} s"
@@ -266,7 +278,7 @@ async def serve(node: Any, params: NodeParams, stop: asyncio.Event) -> None:
 
 def main(args: list[str] | None = None) -> int:
     """Run the node (needs rclpy)."""
-    return run_node(NODE_NAME, args, serve)
+    return run_node(NODE_NAME, args, serve, blocking_callbacks=True)
 
 
 if __name__ == "__main__":

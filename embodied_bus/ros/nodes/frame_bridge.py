@@ -20,6 +20,9 @@ from embodied_bus.ros.nodes.runtime import NodeParams, run_node
 __all__ = ["main"]
 
 NODE_NAME = "frame_bridge"
+#: History of each republishing topic: a frame's members go out at once (20 IMU samples of a
+#: sweep), and a reliable reader that is a little slow must still get all of them.
+FRAME_DEPTH = 100
 
 
 async def _forward(node: Any, bus: Any, route: FrameRoute, distro: str) -> None:
@@ -31,7 +34,7 @@ async def _forward(node: Any, bus: Any, route: FrameRoute, distro: str) -> None:
     def publisher(topic: str, ros_type: str) -> Any:
         pub = pubs.get((topic, ros_type))
         if pub is None:
-            pub = node.create_publisher(get_message(ros_type), topic, 10)
+            pub = node.create_publisher(get_message(ros_type), topic, FRAME_DEPTH)
             pubs[(topic, ros_type)] = pub
         return pub
 

@@ -17,6 +17,7 @@ from embodied_bus.rosmsg.rmw_zenoh import Durability, History, QosProfile, Relia
 
 __all__ = [
     "EXECUTOR_THREADS",
+    "RELAY_DEPTH",
     "NodeParams",
     "declare_params",
     "rclpy_qos",
@@ -25,8 +26,10 @@ __all__ = [
     "to_asyncio",
 ]
 
-#: Threads of the rclpy executor each node spins.
+#: Threads of the rclpy executor of a node whose callbacks block.
 EXECUTOR_THREADS = 8
+#: Longest wait for the executor's thread to stop spinning at shutdown, seconds.
+SHUTDOWN_JOIN_S = 5.0
 
 
 def require_rclpy(node_name: str) -> Any:
@@ -73,12 +76,30 @@ def declare_params(node: Any) -> NodeParams:
     return NodeParams(cfg, path, url, ns or cfg.namespace)
 
 
-def rclpy_qos(q: QosProfile) -> Any:
-    """The rclpy QoSProfile for a config profile."""
+#: Least history depth of the bridge's own best-effort subscriptions: a relay must not drop a
+#: burst while it is busy with a large message (depth is local buffering; it changes no QoS
+#: compatibility).
+RELAY_DEPTH = 64
+
+
+def rclpy_qos(q: QosProfile, *, relay: bool = False) -> Any:
+    """The rclpy QoSProfile for a config profile. ``relay``: for a subscription the node
+    forwards: a reliable one keeps all history (the publisher waits rather than the relay
+    dropping what it has not yet taken), a best-effort one at least :data:`RELAY_DEPTH`."""
     from rclpy.qos import DurabilityPolicy, HistoryPolicy, QoSProfile, ReliabilityPolicy
 
+    depth = q.depth or 10
+    if relay and q.durability is not Durability.TRANSIENT_LOCAL:
+        if q.reliability is not Reliability.BEST_EFFORT:
+            return QoSProfile(
+                depth=max(depth, RELAY_DEPTH),
+                reliability=ReliabilityPolicy.RELIABLE,
+                durability=DurabilityPolicy.VOLATILE,
+                history=HistoryPolicy.KEEP_ALL,
+            )
+        depth = max(depth, RELAY_DEPTH)
     return QoSProfile(
-        depth=q.depth or 10,
+        depth=depth,
         reliability=ReliabilityPolicy.BEST_EFFORT
         if q.reliability is Reliability.BEST_EFFORT
         else ReliabilityPolicy.RELIABLE,
@@ -109,15 +130,32 @@ def to_asyncio(loop: asyncio.AbstractEventLoop, future: Any) -> asyncio.Future[A
     return out
 
 
+def _executor(blocking_callbacks: bool) -> Any:
+    """The rclpy executor of a node: several threads where callbacks block (an offered action
+    goal waits for its queue action), else one (each extra thread of rclpy's Python executors
+    costs more per message than it brings). rclpy's events executor is not used: it holds the
+    GIL while it waits, so the node's asyncio side would never run beside it."""
+    from rclpy.executors import MultiThreadedExecutor, SingleThreadedExecutor
+
+    if blocking_callbacks:
+        return MultiThreadedExecutor(num_threads=EXECUTOR_THREADS)
+    return SingleThreadedExecutor()
+
+
 def run_node(
     node_name: str,
     args: list[str] | None,
     serve: Callable[[Any, NodeParams, asyncio.Event], Awaitable[None]],
+    *,
+    blocking_callbacks: bool = False,
 ) -> int:
     """Init rclpy, create the node, spin it on a thread, run ``serve`` on asyncio until SIGINT
-    or SIGTERM, then shut everything down cleanly."""
+    or SIGTERM, then shut everything down cleanly.
+
+    Args:
+        blocking_callbacks: Some callbacks of the node block (spin several threads).
+    """
     rclpy = require_rclpy(node_name)
-    from rclpy.executors import MultiThreadedExecutor
 
     try:
         from rclpy.signals import SignalHandlerOptions
@@ -126,9 +164,7 @@ def run_node(
     except ImportError:  # older rclpy: its own handler shuts the context down on SIGINT
         rclpy.init(args=args)
     node = rclpy.create_node(node_name)
-    # threads for blocking callbacks (an offered goal waits for its queue action) beside the
-    # subscriptions and services
-    executor = MultiThreadedExecutor(num_threads=EXECUTOR_THREADS)
+    executor = _executor(blocking_callbacks)
     executor.add_node(node)
     spinner = threading.Thread(target=executor.spin, name=f"{node_name}-spin", daemon=True)
     spinner.start()
@@ -149,5 +185,6 @@ def run_node(
         return 0
     finally:
         executor.shutdown()
+        spinner.join(SHUTDOWN_JOIN_S)  # spinning ended before the node and context go
         node.destroy_node()
         rclpy.try_shutdown()

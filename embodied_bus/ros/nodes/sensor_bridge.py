@@ -56,7 +56,11 @@ async def serve(node: Any, params: NodeParams, stop: asyncio.Event) -> None:
                 )
 
             node.create_subscription(
-                get_message(route.ros_type), route.topic, on_message, rclpy_qos(route.qos), raw=True
+                get_message(route.ros_type),
+                route.topic,
+                on_message,
+                rclpy_qos(route.qos, relay=True),
+                raw=True,
             )
             log.info(f"{route.topic} ({route.ros_type}) -> bus stream {route.stream}")
         await stop.wait()
