@@ -114,8 +114,9 @@ class RosEnv:
         self.env = ros.zenoh_environ(**extra, ZENOH_CONFIG_OVERRIDE=zenoh) if zenoh else ros.environ(**extra)
         self.procs: list[Proc] = []
 
-    def start(self, argv: list[str], cwd: Path | None = None) -> Proc:
-        p = Proc(argv, self.env, cwd)
+    def start(self, argv: list[str], cwd: Path | None = None, env: dict[str, str] | None = None) -> Proc:
+        """A process of this test (``env``: instead of the test's environment)."""
+        p = Proc(argv, env or self.env, cwd)
         self.procs.append(p)
         return p
 

@@ -32,6 +32,13 @@ def add_parser(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-ar
     p.add_argument("--ns", default=None, help="bus namespace (default: the config's namespace:)")
     p.add_argument("--domain-id", type=int, default=None, help="ROS_DOMAIN_ID (default: config, else 0)")
     p.add_argument(
+        "--ros-namespace",
+        metavar="NS",
+        default=None,
+        help="ROS namespace of the bridge node; relative topic names resolve under it (default: "
+        "the config's ros.namespace)",
+    )
+    p.add_argument(
         "--host-router",
         metavar="ENDPOINT",
         default=None,
@@ -57,6 +64,8 @@ async def run(args: argparse.Namespace) -> int:
     link = cfg.ros
     if args.domain_id is not None:
         link = dataclasses.replace(link, domain_id=args.domain_id)
+    if args.ros_namespace is not None:
+        link = dataclasses.replace(link, namespace=args.ros_namespace)
     if args.host_router:
         link = dataclasses.replace(link, host_router=args.host_router)
     if args.connect:

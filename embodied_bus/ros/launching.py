@@ -201,6 +201,8 @@ def bridge_plan(r: Resolved) -> list[ProcessSpec]:
     if r.args.rclpy:
         return [_ros_node(r, "sensor_bridge"), _ros_node(r, "frame_bridge")]
     argv = ["ros-bridge", "--config", r.args.config, *_bus_argv(r), "--actions"]
+    if r.namespace:  # the ROS namespace of the rclpy nodes it stands in for
+        argv += ["--ros-namespace", f"/{r.namespace}"]
     if r.args.router:
         argv += ["--connect", router_connect_endpoint(r.args.router_listen)]
     return [_cli("ros_bridge", *argv)]
