@@ -4,6 +4,7 @@ interoperability tests. It imports nothing of embodied_bus.
 
     python rclpy_peer.py pub --topic T --type T --count N --rate HZ [--qos Q] [--size B]
     python rclpy_peer.py pubs --plan '[{"topic": T, "type": T, "count": N, "rate": HZ, ...}]'
+    python rclpy_peer.py listens --plan '[{"topic": T, "type": T, "qos": Q}]' [--use-sim-time]
     python rclpy_peer.py listen --topic T --type T --count N --timeout-s S [--qos Q]
     python rclpy_peer.py sensors --duration-s S [--namespace NS]
     python rclpy_peer.py fibonacci-server --action A [--abort-orders 5,6] [--step-s S]
@@ -29,6 +30,7 @@ import rclpy
 from rclpy.action import ActionClient, ActionServer, CancelResponse, GoalResponse
 from rclpy.executors import MultiThreadedExecutor
 from rclpy.node import Node
+from rclpy.parameter import Parameter
 from rclpy.qos import DurabilityPolicy, HistoryPolicy, QoSProfile, ReliabilityPolicy
 from rosidl_runtime_py.utilities import get_message
 
@@ -189,22 +191,33 @@ def cmd_listen(args: argparse.Namespace) -> dict[str, Any]:
 
 
 def cmd_listens(args: argparse.Namespace) -> dict[str, Any]:
-    """Several topics in one node (``--plan``: [{topic, type, qos}]) for ``--timeout-s`` or until
-    ``--count`` messages came on each; the stamps received per topic."""
-    node = rclpy.create_node("rclpy_peer_listens", namespace=args.namespace)
+    """Several topics in one node (``--plan``: [{topic, type, qos, count}]) for ``--timeout-s`` or
+    until each topic's count (default ``--count``) came; the stamps received per topic."""
+    node = rclpy.create_node(
+        "rclpy_peer_listens",
+        namespace=args.namespace,
+        parameter_overrides=[Parameter("use_sim_time", value=args.use_sim_time)],
+    )
     got: dict[str, list[int]] = {}
+    sim: list[int] = []  # the node's clock at each message (ROS time from /clock on use_sim_time)
+
+    def on_msg(m: Any, topic: str) -> None:
+        got[topic].append(stamp_of(m))
+        sim.append(now_ns(node))
+
     for p in json.loads(args.plan):
         topic = p["topic"]
         got[topic] = []
         node.create_subscription(
             get_message(p["type"]),
             topic,
-            lambda m, t=topic: got[t].append(stamp_of(m)),
+            lambda m, t=topic: on_msg(m, t),
             qos(p.get("qos", "reliable")),
         )
     ready()
-    spin_until(node, lambda: all(len(v) >= args.count for v in got.values()), args.timeout_s)
-    return {"received": got}
+    want = {p["topic"]: p.get("count", args.count) for p in json.loads(args.plan)}
+    spin_until(node, lambda: all(len(got[t]) >= n for t, n in want.items()), args.timeout_s)
+    return {"received": got, "node_clock_ns": sim}
 
 
 def cmd_sensors(args: argparse.Namespace) -> dict[str, Any]:
@@ -375,6 +388,7 @@ def main() -> int:
     ap.add_argument("--timeout-s", type=float, default=30.0)
     ap.add_argument("--duration-s", type=float, default=5.0)
     ap.add_argument("--namespace", default="")
+    ap.add_argument("--use-sim-time", action="store_true")
     ap.add_argument("--action", default="fibonacci")
     ap.add_argument("--abort-orders", default="")
     ap.add_argument("--step-s", type=float, default=0.05)

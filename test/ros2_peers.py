@@ -4,6 +4,7 @@ ROS domain of its own. Where there is no such Python, the tests that need one sk
 
 from __future__ import annotations
 
+import contextlib
 import json
 import random
 import signal
@@ -82,12 +83,15 @@ class Proc:
         return "\n".join(self.lines)
 
     def result(self, timeout_s: float = 60.0) -> Any:
-        """Wait for the process to end; the JSON document of its last JSON line."""
+        """Wait for the process to end; the last JSON document it printed (on one line, or
+        indented over the last lines)."""
         self.popen.wait(timeout=timeout_s)
         self._reader.join(5)
-        for line in reversed(self.lines):
-            if line.startswith("{"):
-                return json.loads(line)
+        for i in range(len(self.lines) - 1, -1, -1):
+            if self.lines[i].startswith("{"):
+                for text in (self.lines[i], "\n".join(self.lines[i:])):
+                    with contextlib.suppress(json.JSONDecodeError):
+                        return json.loads(text)
         raise AssertionError(
             f"{self.argv[:4]} printed no JSON (exit {self.popen.returncode}):\n{self.output()[-3000:]}"
         )

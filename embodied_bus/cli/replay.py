@@ -68,7 +68,9 @@ def add_parser(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-ar
         help="before the first message, wait up to S seconds for a subscriber on every topic",
     )
     p.add_argument("--json", action="store_true", help="print a JSON summary")
-    r = p.add_argument_group("ROS 2 (rmw_zenoh, no ROS install)")
+    r = p.add_argument_group(
+        "ROS 2 (through rclpy where this Python has it, else rmw_zenoh with no ROS install)"
+    )
     r.add_argument(
         "--ros", action="store_true", help="publish the topics as ROS 2 topics instead of bus streams"
     )
@@ -80,6 +82,11 @@ def add_parser(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-ar
         default=None,
         metavar="HZ",
         help="with --ros: publish /clock (rosgraph_msgs/Clock) at HZ (default 40) for use_sim_time",
+    )
+    r.add_argument(
+        "--rmw-zenoh",
+        action="store_true",
+        help="with --ros: speak rmw_zenoh directly even where rclpy is there",
     )
     r.add_argument(
         "--connect", metavar="ENDPOINT", action="append", default=None, help="the robot's Zenoh router(s)"
@@ -205,6 +212,23 @@ def _ros_link(args: argparse.Namespace) -> RosLink:
 
 @contextlib.asynccontextmanager
 async def _ros_target(args: argparse.Namespace, control: ReplayControl) -> AsyncIterator[Any]:
+    """Through rclpy where this Python has it (the ROS install's middleware, DDS included),
+    else over rmw_zenoh with no ROS install."""
+    from embodied_bus.ros.rclpy_replay import rclpy_available, rclpy_replay_target
+
+    if rclpy_available() and not args.rmw_zenoh:
+        async with rclpy_replay_target(
+            "embodied_bus_player", clock_hz=args.clock, rate=args.rate, control=control
+        ) as target:
+            print("replay: ROS 2 node embodied_bus_player through rclpy", file=sys.stderr)
+            yield target
+        return
+    async with _rmw_zenoh_target(args, control) as rmw_target:
+        yield rmw_target
+
+
+@contextlib.asynccontextmanager
+async def _rmw_zenoh_target(args: argparse.Namespace, control: ReplayControl) -> AsyncIterator[Any]:
     from embodied_bus.ros.rmw_bridge import open_rmw_session
     from embodied_bus.ros.rmw_node import RmwNode
     from embodied_bus.ros.rmw_replay import RosReplayTarget

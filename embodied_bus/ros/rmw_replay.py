@@ -20,7 +20,7 @@ from embodied_bus.ros.rmw_node import RmwNode, RosPublisher
 from embodied_bus.rosmsg.interfaces import InterfaceError
 from embodied_bus.rosmsg.rmw_zenoh import DEFAULT_QOS, QosProfile
 
-__all__ = ["CLOCK_TOPIC", "RosReplayTarget"]
+__all__ = ["CLOCK_TOPIC", "ReplayClock", "RosReplayTarget"]
 
 CLOCK_TOPIC = "/clock"
 _CLOCK_TYPE = "rosgraph_msgs/msg/Clock"
@@ -55,49 +55,36 @@ class _RosTopic:
         return True
 
 
-class RosReplayTarget:
-    """Publishes a replay on ROS 2 topics (see the module docstring).
+class ReplayClock:
+    """The recording's time for ``/clock``: the last message's log time, advanced at the replay
+    rate between messages, held while paused, never backwards; published by ``put`` (sim time,
+    ns) at ``clock_hz``.
 
     Args:
-        node: The player's ROS node.
-        clock_hz: Publish ``/clock`` this often (None: no ``/clock``; a recorded ``/clock`` is
-            then replayed like any topic).
-        rate: The replay's speed factor (``/clock`` advances at it between messages).
-        control: The replay's pause control (``/clock`` holds while paused).
-        qos: QoS of the replayed topics.
+        put: Publishes one ``/clock`` message.
+        clock_hz: How often (None: never).
+        rate: The replay's speed factor.
+        control: The replay's pause control.
     """
 
     def __init__(
         self,
-        node: RmwNode,
+        put: Any,
         *,
-        clock_hz: float | None = None,
+        clock_hz: float | None,
         rate: float = 1.0,
         control: ReplayControl | None = None,
-        qos: QosProfile = DEFAULT_QOS,
     ) -> None:
         if clock_hz is not None and clock_hz <= 0:
             raise ValueError(f"clock rate must be > 0 Hz, got {clock_hz}")
-        self.node = node
+        self.put = put
         self.clock_hz = clock_hz
         self.rate = rate
         self.control = control
-        self.qos = qos
         #: ``/clock`` messages published.
-        self.clock_ticks = 0
+        self.ticks = 0
         self._last: tuple[int, float, float] | None = None  # log time, monotonic, paused_s then
         self._clock_ns = 0
-        self._clock_pub = node.publisher(CLOCK_TOPIC, _CLOCK_TYPE) if clock_hz is not None else None
-
-    async def publisher(
-        self, topic: str, msgtype: str, frame_id: str, *, stream: str, clock: BucketClock
-    ) -> ReplayPublisher:
-        if topic == CLOCK_TOPIC and self._clock_pub is not None:
-            raise TopicNotReplayable("the recorded /clock is replaced by the replay's own (--clock)")
-        try:
-            return _RosTopic(self.node.publisher(topic, msgtype, self.qos))
-        except InterfaceError as err:
-            raise TopicNotReplayable(f"{msgtype} has no ROS 2 definition here ({err})") from None
 
     def played(self, log_time_ns: int) -> None:
         paused = self.control.paused_s if self.control is not None else 0.0
@@ -117,17 +104,14 @@ class RosReplayTarget:
     def tick(self) -> bool:
         """Publish ``/clock`` once (never backwards); False before the first message."""
         now = self.now_ns()
-        if now is None or self._clock_pub is None:
+        if now is None or self.clock_hz is None:
             return False
         self._clock_ns = max(self._clock_ns, now)
-        sec, nsec = divmod(self._clock_ns, 1_000_000_000)
-        self._clock_pub.put(
-            self.node.interfaces.serialize(_CLOCK_TYPE, {"clock": {"sec": sec, "nanosec": nsec}})
-        )
-        self.clock_ticks += 1
+        self.put(self._clock_ns)
+        self.ticks += 1
         return True
 
-    async def run_clock(self, stop: asyncio.Event) -> None:
+    async def run(self, stop: asyncio.Event) -> None:
         """Publish ``/clock`` at ``clock_hz`` until ``stop`` is set (returns at once without a
         clock rate)."""
         if self.clock_hz is None:
@@ -139,3 +123,67 @@ class RosReplayTarget:
             next_at += period
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(stop.wait(), max(0.0, next_at - time.monotonic()))
+
+
+class RosReplayTarget:
+    """Publishes a replay on ROS 2 topics over rmw_zenoh (see the module docstring).
+
+    Args:
+        node: The player's ROS node.
+        clock_hz: Publish ``/clock`` this often (None: no ``/clock``; a recorded ``/clock`` is
+            then replayed like any topic).
+        rate: The replay's speed factor (``/clock`` advances at it between messages).
+        control: The replay's pause control (``/clock`` holds while paused).
+        qos: QoS of the replayed topics.
+    """
+
+    def __init__(
+        self,
+        node: RmwNode,
+        *,
+        clock_hz: float | None = None,
+        rate: float = 1.0,
+        control: ReplayControl | None = None,
+        qos: QosProfile = DEFAULT_QOS,
+    ) -> None:
+        self.node = node
+        self.qos = qos
+        self._clock_pub = node.publisher(CLOCK_TOPIC, _CLOCK_TYPE) if clock_hz is not None else None
+        self.clock = ReplayClock(self._put_clock, clock_hz=clock_hz, rate=rate, control=control)
+
+    def _put_clock(self, ns: int) -> None:
+        assert self._clock_pub is not None
+        sec, nsec = divmod(ns, 1_000_000_000)
+        self._clock_pub.put(
+            self.node.interfaces.serialize(_CLOCK_TYPE, {"clock": {"sec": sec, "nanosec": nsec}})
+        )
+
+    @property
+    def clock_ticks(self) -> int:
+        """``/clock`` messages published."""
+        return self.clock.ticks
+
+    async def publisher(
+        self, topic: str, msgtype: str, frame_id: str, *, stream: str, clock: BucketClock
+    ) -> ReplayPublisher:
+        if topic == CLOCK_TOPIC and self._clock_pub is not None:
+            raise TopicNotReplayable("the recorded /clock is replaced by the replay's own (--clock)")
+        try:
+            return _RosTopic(self.node.publisher(topic, msgtype, self.qos))
+        except InterfaceError as err:
+            raise TopicNotReplayable(f"{msgtype} has no ROS 2 definition here ({err})") from None
+
+    def played(self, log_time_ns: int) -> None:
+        self.clock.played(log_time_ns)
+
+    def now_ns(self) -> int | None:
+        """The recording's time now (see :meth:`ReplayClock.now_ns`)."""
+        return self.clock.now_ns()
+
+    def tick(self) -> bool:
+        """Publish ``/clock`` once (never backwards); False before the first message."""
+        return self.clock.tick()
+
+    async def run_clock(self, stop: asyncio.Event) -> None:
+        """Publish ``/clock`` at the clock rate until ``stop`` is set."""
+        await self.clock.run(stop)
