@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import random
 import sys
 import threading
 import time
@@ -125,7 +126,9 @@ def cmd_pub(args: argparse.Namespace) -> dict[str, Any]:
 
 def cmd_pubs(args: argparse.Namespace) -> dict[str, Any]:
     """Several topics from one node, as ``--plan`` (JSON: [{topic, type, count, rate, qos,
-    size}]) says, once every one has ``--subscribers`` subscribers."""
+    size, jitter_ms, skip_s}]) says, once every one has ``--subscribers`` subscribers. A sensor
+    clock: each header stamp is the publish time plus Gaussian jitter (``jitter_ms``, sigma); no
+    message is published ``skip_s: [from, to]`` seconds into the run (an outage)."""
     node = rclpy.create_node("rclpy_peer_pubs", namespace=args.namespace)
     plan = json.loads(args.plan)
     pubs = [
@@ -138,17 +141,22 @@ def cmd_pubs(args: argparse.Namespace) -> dict[str, Any]:
     stamps: list[list[int]] = [[] for _ in plan]
     t0 = time.monotonic()
     next_t = [t0] * len(plan)
-    while any(len(stamps[i]) < p["count"] for i, p in enumerate(plan)):
+    skipped = [0] * len(plan)
+    while any(len(stamps[i]) + skipped[i] < p["count"] for i, p in enumerate(plan)):
         now = time.monotonic()
         for i, p in enumerate(plan):
-            if len(stamps[i]) < p["count"] and now >= next_t[i]:
+            if len(stamps[i]) + skipped[i] < p["count"] and now >= next_t[i]:
+                next_t[i] += 1.0 / p["rate"]
+                skip = p.get("skip_s")
+                if skip and skip[0] <= now - t0 < skip[1]:
+                    skipped[i] += 1
+                    continue
                 msg = get_message(p["type"])()
                 fill(msg, p["type"], p.get("size", 0))
-                ns = now_ns(node)
+                ns = now_ns(node) + round(random.gauss(0.0, p.get("jitter_ms", 0.0)) * 1e6)
                 stamp(msg, ns, f"{p['topic'].strip('/').replace('/', '_')}_{len(stamps[i])}")
                 pubs[i].publish(msg)
                 stamps[i].append(ns)
-                next_t[i] += 1.0 / p["rate"]
         time.sleep(max(0.0, min(next_t) - time.monotonic()))
     spin_until(node, lambda: False, args.linger_s)
     return {"published": {p["topic"]: stamps[i] for i, p in enumerate(plan)}}

@@ -23,10 +23,16 @@ EXPECTED = {
 }
 
 
+#: Examples that are ROS 2 nodes, run by the ROS tests under a ROS 2 Python (named here).
+ROS_EXAMPLES = {"message_filters_node.py": "test_ros_message_filters.py"}
+
+
 def test_every_example_is_listed_in_the_examples_readme_and_here() -> None:
     files = sorted(p.name for p in EXAMPLES.glob("*.py"))
     readme = (EXAMPLES / "README.md").read_text()
-    assert files == sorted(EXPECTED)
+    assert files == sorted([*EXPECTED, *ROS_EXAMPLES])
+    for name, test in ROS_EXAMPLES.items():
+        assert name in (ROOT / "test" / test).read_text()
     assert all(f"`{name}`" in readme for name in files)
 
 
