@@ -44,6 +44,7 @@ from embodied_bus.model.qos import Backpressure, PublisherOptions
 from embodied_bus.ros.bridge_core import (
     frame_diagnostics_cdr,
     frame_messages,
+    has_header,
     header_of,
     outcome_json,
     parse_submission,
@@ -243,6 +244,7 @@ class RmwZenohBridge:
         loop = self._loop
         assert loop is not None and self.node is not None
         distro = self.config.ros.distro
+        has_header(route.ros_type, distro)  # the type store loads now, not on the first message
         handoff = LoopHandoff(loop, lambda item: self._publish_in(route, pub, *item))
 
         def on_sample(sample: zenoh.Sample) -> None:

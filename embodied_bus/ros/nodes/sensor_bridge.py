@@ -12,8 +12,9 @@ import asyncio
 from typing import Any
 
 from embodied_bus.bus import open_bus
+from embodied_bus.errors import EmbodiedBusError
 from embodied_bus.model.qos import Backpressure, PublisherOptions
-from embodied_bus.ros.bridge_core import header_of
+from embodied_bus.ros.bridge_core import has_header, header_of
 from embodied_bus.ros.nodes.runtime import NodeParams, rclpy_qos, run_node
 from embodied_bus.rosmsg.types import modality_of
 from embodied_bus.streams.publisher import Publisher
@@ -28,7 +29,6 @@ async def serve(node: Any, params: NodeParams, stop: asyncio.Event) -> None:
     from rosidl_runtime_py.utilities import get_message
 
     cfg = params.config
-    loop = asyncio.get_running_loop()
     log = node.get_logger()
     async with open_bus(params.bus, namespace=params.bus_namespace) as bus:
         for route in cfg.inbound:
@@ -49,12 +49,12 @@ async def serve(node: Any, params: NodeParams, stop: asyncio.Event) -> None:
                     fallback = stamp == 0
                     if fallback:
                         stamp = now_ns
-                loop.call_soon_threadsafe(
-                    lambda: pub.publish_nowait(
-                        raw, stamp_ns=stamp, frame_id=frame_id, stamp_fallback=fallback
-                    )
-                )
+                try:  # on the executor's one thread: straight to the engine, no hand-off
+                    pub.publish_from_thread(raw, stamp_ns=stamp, frame_id=frame_id, stamp_fallback=fallback)
+                except EmbodiedBusError as err:
+                    log.error(f"{route.topic} -> {route.stream}: {err}", throttle_duration_sec=5.0)
 
+            has_header(route.ros_type, cfg.ros.distro)  # the type store loads now, not on the first message
             node.create_subscription(
                 get_message(route.ros_type),
                 route.topic,
