@@ -319,6 +319,7 @@ def cmd_fibonacci_client(args: argparse.Namespace) -> dict[str, Any]:
     if not client.wait_for_server(timeout_sec=args.timeout_s):
         return {"error": "no action server"}
     ready()
+    t0 = time.monotonic()
     feedback: list[list[int]] = []
     send = client.send_goal_async(
         Fibonacci.Goal(order=args.order),
@@ -340,6 +341,7 @@ def cmd_fibonacci_client(args: argparse.Namespace) -> dict[str, Any]:
         "status": None if res is None else int(res.status),
         "sequence": None if res is None else list(res.result.sequence),
         "feedback": len(feedback),
+        "elapsed_s": round(time.monotonic() - t0, 3),
     }
 
 

@@ -241,7 +241,7 @@ def test_the_robot_launch_carries_ros_z_sensor_data_through_fusion_back_to_ros_z
     # the bridge's publishers are in the graph before any frame flowed
     assert graph["publishers"] == 1, graph
     assert "/fused/lidar/top sensor_msgs::msg::dds_::PointCloud2_" in graph["topics"]
-    assert "/embodied_bus_bridge" in graph["nodes"]
+    assert "/robot1/embodied_bus_bridge" in graph["nodes"]  # the launch passes __ns:=/robot1
     listeners = {
         topic: subprocess.Popen(
             peer_command(

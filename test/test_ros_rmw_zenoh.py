@@ -185,7 +185,7 @@ def test_the_shipped_robot_config_loads_and_bad_keys_are_named() -> None:
     assert cfg.fusion is not None and cfg.frames and cfg.actions
     for doc, match in [
         ({"ros": {"distro": "humble"}}, "humble is not interoperable"),
-        ({"streams": {"a": {"topic": "no_slash", "type": "std_msgs/msg/String"}}}, "streams.a.topic"),
+        ({"streams": {"a": {"topic": "two//slashes", "type": "std_msgs/msg/String"}}}, "streams.a.topic"),
         ({"streams": {"a": {"topic": "/a", "type": "std_msgs/msg/String", "qos": "fast"}}}, "streams.a.qos"),
         ({"actions": {"routes": {"go": {"action": "/go", "type": "nav2_msgs/msg/Goal"}}}}, "not an action"),
         ({"bogus": 1}, "unknown key"),
