@@ -178,6 +178,19 @@ def test_header_stamps_and_strings_are_read_from_cdr_without_deserializing() -> 
         string_from_cdr(s[:-2])
 
 
+def test_the_ros_domain_comes_from_the_config_else_ros_domain_id(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("ROS_DOMAIN_ID", "42")
+    assert load_robot_config(ROOT / "config" / "robot.yaml").ros.domain_id == 42
+    assert robot_config_from_dict({"ros": {"domain_id": 7}}).ros.domain_id == 7
+    monkeypatch.setenv("ROS_DOMAIN_ID", "")
+    assert robot_config_from_dict({}).ros.domain_id == 0
+    monkeypatch.setenv("ROS_DOMAIN_ID", "robot")
+    with pytest.raises(
+        RobotConfigError, match=r"ROS_DOMAIN_ID: expected an integer in 0\.\.232, got 'robot'"
+    ):
+        robot_config_from_dict({})
+
+
 def test_the_shipped_robot_config_loads_and_bad_keys_are_named() -> None:
     cfg = load_robot_config(ROOT / "config" / "robot.yaml")
     topics = {r.topic for r in cfg.inbound}

@@ -241,7 +241,8 @@ async def _rmw_zenoh_target(args: argparse.Namespace, control: ReplayControl) ->
     stop_clock = asyncio.Event()
     ticking = asyncio.create_task(target.run_clock(stop_clock))
     print(
-        f"replay: ROS 2 node {link.node_name} on {link.host_router or ', '.join(link.connect)}",
+        f"replay: ROS 2 node {link.node_name} on ROS domain {link.domain_id} (rmw_zenoh) via "
+        f"{link.host_router or ', '.join(link.connect)}",
         file=sys.stderr,
     )
     try:

@@ -30,7 +30,12 @@ def add_parser(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-ar
     p.add_argument("--config", required=True, help="robot YAML (see config/robot.yaml)")
     p.add_argument("--bus", default=None, help="bus URL (default: the config's bus:, else $EMBODIED_BUS_URL)")
     p.add_argument("--ns", default=None, help="bus namespace (default: the config's namespace:)")
-    p.add_argument("--domain-id", type=int, default=None, help="ROS_DOMAIN_ID (default: config, else 0)")
+    p.add_argument(
+        "--domain-id",
+        type=int,
+        default=None,
+        help="ROS domain (default: the config's, else $ROS_DOMAIN_ID, else 0)",
+    )
     p.add_argument(
         "--ros-namespace",
         metavar="NS",

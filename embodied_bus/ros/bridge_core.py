@@ -18,13 +18,15 @@ from typing import Any, TypeVar
 
 from embodied_bus.actions.model import Action, ActionError
 from embodied_bus.fusion.frame import MultiModalFrame
+from embodied_bus.model.qos import Backpressure
 from embodied_bus.ros.config import ActionRoute, FrameRoute
-from embodied_bus.rosmsg.rmw_zenoh import typestore_for
+from embodied_bus.rosmsg.rmw_zenoh import QosProfile, typestore_for
 
 __all__ = [
     "GoalOutcome",
     "RosMessage",
     "SubmitRequest",
+    "bus_backpressure",
     "frame_diagnostics_cdr",
     "frame_messages",
     "goal_outcome",
@@ -46,6 +48,13 @@ class RosMessage:
     ros_type: str
     cdr: bytes | memoryview
     stamp_ns: int
+
+
+def bus_backpressure(qos: QosProfile) -> Backpressure:
+    """How the bus stream of a ROS topic is published: lossless (``BLOCK``) where the topic is
+    reliable, so the bridge adds no loss a reliable ROS publisher did not allow; latest-wins
+    (``DROP_OLDEST``) for best-effort sensor data."""
+    return Backpressure.BLOCK if qos.reliable else Backpressure.DROP_OLDEST
 
 
 @lru_cache(maxsize=512)

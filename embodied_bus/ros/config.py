@@ -31,6 +31,7 @@ __all__ = [
     "RobotConfigError",
     "RosLink",
     "TopicRoute",
+    "env_domain_id",
     "load_robot_config",
     "resolve_name",
     "robot_config_from_dict",
@@ -103,12 +104,30 @@ class ActionRoute:
         return replace(self, action=resolve_name(self.action, namespace))
 
 
+def env_domain_id() -> int:
+    """``$ROS_DOMAIN_ID`` as ROS 2 reads it (0 where unset or empty).
+
+    Raises:
+        RobotConfigError: It is set to something other than an integer in 0..232.
+    """
+    raw = os.environ.get("ROS_DOMAIN_ID", "").strip()
+    if not raw:
+        return 0
+    try:
+        value = int(raw)
+    except ValueError:
+        value = -1
+    if not 0 <= value <= 232:
+        raise RobotConfigError(f"ROS_DOMAIN_ID: expected an integer in 0..232, got {raw!r}")
+    return value
+
+
 @dataclass(frozen=True, slots=True)
 class RosLink:
     """How the bridge joins the ROS 2 graph over rmw_zenoh.
 
     Attributes:
-        domain_id: ``ROS_DOMAIN_ID``.
+        domain_id: ROS domain (default ``$ROS_DOMAIN_ID``, else 0).
         distro: Distribution whose type hashes are used (jazzy or newer).
         node_name: Name of the bridge's ROS node.
         namespace: ROS namespace of the bridge node.
@@ -119,7 +138,7 @@ class RosLink:
             types the distribution lacks (searched before ``$AMENT_PREFIX_PATH``).
     """
 
-    domain_id: int = 0
+    domain_id: int = field(default_factory=env_domain_id)
     distro: str = "jazzy"
     node_name: str = "embodied_bus_bridge"
     namespace: str = ""
@@ -212,7 +231,7 @@ def _doc(doc: Any, cls: type[_D], where: str) -> _D:
 class RosDocument(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
     """``ros:`` of the robot YAML."""
 
-    domain_id: int = 0
+    domain_id: int | None = None
     distro: str = "jazzy"
     node_name: str = "embodied_bus_bridge"
     namespace: str | None = ""
@@ -221,8 +240,9 @@ class RosDocument(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
     interfaces: list[str] = msgspec.field(default_factory=list)
 
     def link(self, where: str, base: Path | None = None) -> RosLink:
-        if not 0 <= self.domain_id <= 232:
-            raise RobotConfigError(f"{where}.domain_id: expected 0..232, got {self.domain_id!r}")
+        domain_id = env_domain_id() if self.domain_id is None else self.domain_id
+        if not 0 <= domain_id <= 232:
+            raise RobotConfigError(f"{where}.domain_id: expected 0..232, got {domain_id!r}")
         distro = self.distro.lower()
         if distro == "humble":
             raise RobotConfigError(
@@ -233,7 +253,7 @@ class RosDocument(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
             raise RobotConfigError(f"{where}.node_name: must not be empty")
         connect = [self.connect] if isinstance(self.connect, str) else self.connect
         return RosLink(
-            self.domain_id,
+            domain_id,
             distro,
             self.node_name,
             self.namespace or "",

@@ -40,8 +40,9 @@ from embodied_bus.actions.executor import Executor
 from embodied_bus.bus import Bus
 from embodied_bus.errors import BusConnectionError, EncodingError
 from embodied_bus.fusion.codec import decode_frame
-from embodied_bus.model.qos import Backpressure, PublisherOptions
+from embodied_bus.model.qos import PublisherOptions
 from embodied_bus.ros.bridge_core import (
+    bus_backpressure,
     frame_diagnostics_cdr,
     frame_messages,
     has_header,
@@ -188,7 +189,7 @@ class RmwZenohBridge:
                 modality=modality_of(route.ros_type),
                 encoding=f"cdr:{route.ros_type}",
                 clock=self.config.clock,
-                options=PublisherOptions(backpressure=Backpressure.DROP_OLDEST),
+                options=PublisherOptions(backpressure=bus_backpressure(route.qos)),
             )
             self._subscribe_ros(route, pub)
         self._declare_known_publishers()

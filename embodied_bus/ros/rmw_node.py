@@ -84,8 +84,10 @@ class RosPublisher:
         self.token_key = node.entity_token(EntityKind.PUBLISHER, topic, ros_type, hash_, qos)
         self.gid = gid_of(self.token_key)
         self.seq = 0
-        reliable = qos.reliability is Reliability.RELIABLE
+        reliable = qos.reliable
         reliability = zenoh.Reliability.RELIABLE if reliable else zenoh.Reliability.BEST_EFFORT
+        # as rmw_zenoh: drop under congestion, except reliable keep-all, which waits
+        congestion = zenoh.CongestionControl.BLOCK if qos.blocking else zenoh.CongestionControl.DROP
         self._pub: Any
         if qos.durability is Durability.TRANSIENT_LOCAL:
             # as rmw_zenoh: the last ``depth`` samples are kept for late subscribers, which
@@ -93,7 +95,7 @@ class RosPublisher:
             self._pub = zenoh.ext.declare_advanced_publisher(
                 node.session,
                 self.key,
-                congestion_control=zenoh.CongestionControl.DROP,
+                congestion_control=congestion,
                 reliability=reliability,
                 cache=zenoh.ext.CacheConfig(qos.depth or DEFAULT_DEPTH),
                 publisher_detection=True,
@@ -103,7 +105,7 @@ class RosPublisher:
             )
         else:
             self._pub = node.session.declare_publisher(
-                self.key, congestion_control=zenoh.CongestionControl.DROP, reliability=reliability
+                self.key, congestion_control=congestion, reliability=reliability
             )
         self._token = node.session.liveliness().declare_token(self.token_key)
 

@@ -121,6 +121,17 @@ class QosProfile:
     history: History = History.KEEP_LAST
     depth: int = 10
 
+    @property
+    def reliable(self) -> bool:
+        """Whether the endpoint asks for reliable delivery."""
+        return self.reliability is Reliability.RELIABLE
+
+    @property
+    def blocking(self) -> bool:
+        """Whether rmw_zenoh publishes with congestion control ``BLOCK`` (reliable, keep-all): a
+        congested link makes the publisher wait instead of dropping."""
+        return self.reliable and self.history is History.KEEP_ALL
+
     def keyexpr(self) -> str:
         """``<rel>:<dur>:<hist>,<depth>:<deadline>:<lifespan>:<liveliness>``, each field empty when
         it equals rmw_zenoh's default (reliable, volatile, keep-last, depth 42, infinite, automatic)."""

@@ -13,8 +13,8 @@ from typing import Any
 
 from embodied_bus.bus import open_bus
 from embodied_bus.errors import EmbodiedBusError
-from embodied_bus.model.qos import Backpressure, PublisherOptions
-from embodied_bus.ros.bridge_core import has_header, header_of
+from embodied_bus.model.qos import PublisherOptions
+from embodied_bus.ros.bridge_core import bus_backpressure, has_header, header_of
 from embodied_bus.ros.nodes.runtime import NodeParams, rclpy_qos, run_node
 from embodied_bus.rosmsg.types import modality_of
 from embodied_bus.streams.publisher import Publisher
@@ -37,7 +37,7 @@ async def serve(node: Any, params: NodeParams, stop: asyncio.Event) -> None:
                 modality=modality_of(route.ros_type),
                 encoding=f"cdr:{route.ros_type}",
                 clock=cfg.clock,
-                options=PublisherOptions(backpressure=Backpressure.DROP_OLDEST),
+                options=PublisherOptions(backpressure=bus_backpressure(route.qos)),
             )
 
             def on_message(raw: bytes, route: Any = route, pub: Publisher = pub) -> None:
