@@ -4,7 +4,7 @@ interoperability tests. It imports nothing of embodied_bus.
 
     python rclpy_peer.py pub --topic T --type T --count N --rate HZ [--qos Q] [--size B]
     python rclpy_peer.py pubs --plan '[{"topic": T, "type": T, "count": N, "rate": HZ, ...}]'
-    python rclpy_peer.py listens --plan '[{"topic": T, "type": T, "qos": Q}]' [--use-sim-time]
+    python rclpy_peer.py listens --plan '[{"topic": T, "type": T, "qos": Q}]' [--use-sim-time] [--idle-s S]
     python rclpy_peer.py listen --topic T --type T --count N --timeout-s S [--qos Q]
     python rclpy_peer.py sensors --duration-s S [--namespace NS]
     python rclpy_peer.py fibonacci-server --action A [--abort-orders 5,6] [--step-s S]
@@ -199,8 +199,9 @@ def cmd_listen(args: argparse.Namespace) -> dict[str, Any]:
 
 
 def cmd_listens(args: argparse.Namespace) -> dict[str, Any]:
-    """Several topics in one node (``--plan``: [{topic, type, qos, count}]) for ``--timeout-s`` or
-    until each topic's count (default ``--count``) came; the stamps received per topic."""
+    """Several topics in one node (``--plan``: [{topic, type, qos, count}]) for ``--timeout-s``,
+    until each topic's count (default ``--count``) came, or (``--idle-s``) until nothing came for
+    that long after a first message; the stamps received per topic."""
     node = rclpy.create_node(
         "rclpy_peer_listens",
         namespace=args.namespace,
@@ -224,7 +225,17 @@ def cmd_listens(args: argparse.Namespace) -> dict[str, Any]:
         )
     ready()
     want = {p["topic"]: p.get("count", args.count) for p in json.loads(args.plan)}
-    spin_until(node, lambda: all(len(got[t]) >= n for t, n in want.items()), args.timeout_s)
+    last = [time.monotonic()]  # when the last message came (or the start)
+    count = [0]
+
+    def done() -> bool:
+        n = len(sim)
+        if n != count[0]:
+            count[0], last[0] = n, time.monotonic()
+        idle = args.idle_s and n and time.monotonic() - last[0] > args.idle_s
+        return bool(idle) or all(len(got[t]) >= k for t, k in want.items())
+
+    spin_until(node, done, args.timeout_s)
     return {"received": got, "node_clock_ns": sim}
 
 
@@ -396,6 +407,7 @@ def main() -> int:
     ap.add_argument("--match-timeout-s", type=float, default=20.0)
     ap.add_argument("--linger-s", type=float, default=1.0)
     ap.add_argument("--timeout-s", type=float, default=30.0)
+    ap.add_argument("--idle-s", type=float, default=0.0)
     ap.add_argument("--duration-s", type=float, default=5.0)
     ap.add_argument("--namespace", default="")
     ap.add_argument("--use-sim-time", action="store_true")
