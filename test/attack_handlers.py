@@ -26,10 +26,20 @@ def _log(action: Any, ctx: Any) -> None:
 
 
 async def move(action: Any, ctx: Any) -> dict[str, Any]:
+    """Holds ``hold_s`` seconds, sending ``feedback`` progress messages over it; the result says
+    whether the run still owned its action at the end (``still_owner()``)."""
     _log(action, ctx)
-    hold_s = float((action.payload or {}).get("hold_s", 0))
-    await asyncio.sleep(hold_s)
-    return {"moved": (action.payload or {}).get("to")}
+    payload = action.payload or {}
+    hold_s = float(payload.get("hold_s", 0))
+    steps = int(payload.get("feedback", 0))
+    for step in range(steps):
+        ctx.feedback({"step": step})
+        await asyncio.sleep(hold_s / steps)
+    await asyncio.sleep(0 if steps else hold_s)
+    result = {"moved": payload.get("to")}
+    if payload.get("report_owner"):
+        result["owner"] = ctx.still_owner()
+    return result
 
 
 HANDLERS = {"move": move}

@@ -91,6 +91,11 @@ class Site:
     def executor_log(self) -> str:
         return (self.tmp / "executor.stderr").read_text()
 
+    def sealed_by(self, name: str, channel: str, body: dict[str, Any] | bytes) -> bytes:
+        """``body`` sealed by ``name``'s key, as its process would seal it."""
+        raw = body if isinstance(body, bytes) else json.dumps(body).encode()
+        return Sealer(self.keys[name]).seal(channel, raw)
+
     def key(self, name: str) -> Path:
         return self.tmp / f"{name}.pem"
 
@@ -111,7 +116,7 @@ async def site(tmp_path: Path, request: pytest.FixtureRequest) -> AsyncIterator[
     """Sealed unless a test is marked ``@pytest.mark.parametrize("site", [False], indirect=True)``
     (signed actions only, the queue protocol in the clear: what replays alone cannot do)."""
     sealed = getattr(request, "param", True)
-    keys = {name: generate_private_key() for name in ("queue", "arm", "ops", "ctl", "evil")}
+    keys = {name: generate_private_key() for name in ("queue", "arm", "arm2", "ops", "ctl", "evil")}
     for name, key in keys.items():
         save_private_key(key, tmp_path / f"{name}.pem")
     allow = tmp_path / "allow.yaml"
@@ -120,6 +125,7 @@ async def site(tmp_path: Path, request: pytest.FixtureRequest) -> AsyncIterator[
             [
                 public_entry("queue", keys["queue"], roles=(Role.QUEUE,)),
                 public_entry("arm", keys["arm"], roles=(Role.EXECUTOR,)),
+                public_entry("arm2", keys["arm2"], roles=(Role.EXECUTOR,)),  # another robot's executor
                 public_entry("ops", keys["ops"], ["move"]),  # signs actions, seals requests
                 public_entry("ctl", keys["ctl"], ["*"]),  # seals requests only, in some tests
             ]
@@ -350,3 +356,179 @@ async def test_a_revoked_key_stops_working_in_running_processes_within_seconds(s
         assert time.monotonic() - t0 < 10
     finally:
         await planner.close()
+
+
+# -- the sealed protocol's last gaps ---------------------------------------------------------------
+
+
+async def test_a_captured_take_sent_again_leases_nothing(site: Site) -> None:
+    """A take sealed by the executor's key, captured and sent again within the seal's window
+    (while an action waits), is refused as replayed: the action runs on the real executor."""
+    assert site.planner is not None
+    take = {"op": "take", "executor": {"name": "arm", "session": "captured"}, "kinds": ["move"],
+            "labels": {}, "max": 4, "push": False}  # fmt: skip
+    captured = site.sealed_by("arm", "request", take)
+    first = json.loads(site.ask(captured))["m"]
+    assert first["r"] == "leases", first  # the executor's own request, answered once
+    busy = [await site.planner.submit("move", {"to": f"busy{i}", "hold_s": 2.0}) for i in range(2)]
+    for h in busy:
+        await running(site, h.id)  # both of the executor's slots are taken: the next one waits
+    waiting = await site.planner.submit("move", {"to": "shelf"})
+    replies = [json.loads(site.ask(captured))["m"] for _ in range(5)]
+    assert all("replayed" in r.get("error", "") for r in replies), replies
+    done = await waiting.result(timeout_s=30)
+    assert done.status is ActionStatus.SUCCEEDED and [t.executor for t in done.attempts] == ["arm"]
+    assert len(site.runs(waiting.id)) == 1
+
+
+async def test_feedback_is_believed_only_from_the_executor_holding_the_action(site: Site) -> None:
+    """Feedback sealed by another executor's key (in its own name or the holder's), or in the
+    clear, never reaches the planner; the holder's does."""
+    assert site.planner is not None
+    h = await site.planner.submit("move", {"to": "bin", "hold_s": 2.0, "feedback": 4})
+    got: list[Any] = []
+
+    async def watch() -> None:
+        async for fb in h.feedback():
+            got.append(fb)
+
+    watching = asyncio.create_task(watch())
+    await running(site, h.id)
+    topic = f"actions/fb/{h.id}"
+    for executor in ("arm2", "arm"):  # another executor's key, claiming itself or the holder
+        envelope = {"executor": executor, "attempt": 1, "data": {"step": 99}}
+        site.put(topic, site.sealed_by("arm2", topic, envelope))
+    site.put(topic, json.dumps({"executor": "arm", "attempt": 1, "data": {"step": 98}}).encode())
+    done = await h.result(timeout_s=30)
+    await asyncio.sleep(0.2)
+    watching.cancel()
+    assert done.status is ActionStatus.SUCCEEDED
+    assert got and all(fb["step"] < 4 for fb in got), got  # the holder's steps 0..3 only
+
+
+async def test_a_keyless_stand_in_for_the_queue_diverts_no_request(site: Site) -> None:
+    """A session that declares the queue's endpoint (before and after the queue restarts)
+    answering in its own name: every request still reaches the real queue and is answered by
+    it; the stand-in's answers are refused and what it sees it can neither alter nor replay."""
+    assert site.planner is not None
+    seen: list[bytes] = []
+
+    def stand_in(query: zenoh.Query) -> None:
+        seen.append(bytes(query.payload.to_bytes()) if query.payload is not None else b"")
+        query.reply(query.key_expr, json.dumps({"r": "submitted", "actions": []}).encode())
+
+    fake = site.attacker.declare_queryable(f"eb/{site.ns}/@svc/actions", stand_in, complete=True)
+    try:
+        done = [
+            await (await site.planner.submit("move", {"to": f"p{i}"})).result(timeout_s=20) for i in range(3)
+        ]
+        assert all(d.status is ActionStatus.SUCCEEDED for d in done)
+        restart_queue(site)
+        after = await (await site.planner.submit("move", {"to": "after-restart"})).result(timeout_s=30)
+        assert after.status is ActionStatus.SUCCEEDED
+    finally:
+        fake.undeclare()
+    assert seen and all(raw.startswith(b'{"by"') for raw in seen)  # sealed: nothing to forge
+    replayed = json.loads(site.ask(seen[0]))["m"]
+    assert "replayed" in replayed["error"], replayed
+    withdrawn = await (await site.planner.submit("move", {"to": "withdrawn"})).result(timeout_s=20)
+    assert withdrawn.status is ActionStatus.SUCCEEDED
+
+
+def restart_queue(site: Site) -> None:
+    """Kill the queue service and start it again on its database."""
+    old = site.procs[0]
+    old.kill()
+    old.wait(10)
+    queue = subprocess.Popen(
+        [
+            *CLI, "queue", "--bus", f"zenoh:?listen=tcp/127.0.0.1:{site.port}", "--ns", site.ns,
+            "--db", str(site.tmp / "q.db"), "--seal", str(site.key("queue")), "--trust", str(site.allow_path),
+        ],
+        stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True,
+    )  # fmt: skip
+    site.procs[0] = queue
+    wait_line(queue, "action queue serving")
+
+
+async def test_a_copied_queue_token_withdrawn_leaves_every_executor_owning_its_action(site: Site) -> None:
+    """The queue's liveliness token, copied by another session and withdrawn while an action
+    runs: the executor still sees the queue (``still_owner()`` stays true) and the action
+    succeeds once."""
+    assert site.planner is not None
+    group = f"eb/{site.ns}/@group/actions-queue"
+    real = [str(r.ok.key_expr) for r in site.attacker.liveliness().get(f"{group}/**") if r.ok is not None]
+    assert real, "the queue announces itself"
+    h = await site.planner.submit("move", {"to": "dock", "hold_s": 2.0, "report_owner": True})
+    await running(site, h.id)
+    for _ in range(3):
+        copy = site.attacker.liveliness().declare_token(real[0])
+        await asyncio.sleep(0.1)
+        copy.undeclare()
+    done = await h.result(timeout_s=30)
+    assert done.status is ActionStatus.SUCCEEDED and done.result == {"moved": "dock", "owner": True}
+    assert len(site.runs(h.id)) == 1
+
+
+async def test_a_deadline_beyond_int64_is_refused_by_name_and_the_queue_serves_on(site: Site) -> None:
+    assert site.planner is not None
+    for deadline in (10**30, 2**63):
+        submit = {"op": "submit", "actions": [{"kind": "move", "payload": {}, "deadline_ns": deadline}]}
+        reply = json.loads(site.ask(site.sealed_by("ops", "request", submit)))["m"]
+        assert "deadline_ns must be an integer 0..9223372036854775807 (int64)" in reply["error"], reply
+    done = await (await site.planner.submit("move", {"to": "next"})).result(timeout_s=20)
+    assert done.status is ActionStatus.SUCCEEDED
+
+
+async def test_a_revoked_executor_exits_saying_why_without_a_traceback(site: Site) -> None:
+    assert site.planner is not None
+    h = await site.planner.submit("move", {"to": "x", "hold_s": 2.0})
+    await running(site, h.id)
+    revoke = subprocess.run(
+        [*CLI, "keys", "revoke", "arm", "--allow-list", str(site.allow_path)],
+        capture_output=True, text=True, timeout=60,
+    )  # fmt: skip
+    assert revoke.returncode == 0, revoke.stderr
+    executor = site.procs[1]
+    assert await asyncio.to_thread(executor.wait, 30) != 0
+    log = site.executor_log()
+    assert "refused: unknown_key" in log and "Traceback" not in log, log
+
+
+async def test_a_sample_stamped_at_int64_max_leaves_fuse_serving(tmp_path: Path) -> None:
+    """One camera sample stamped INT64_MAX - 1 among real ones, into ``embodied-bus fuse`` of a
+    spec with a bucket offset: it is reported as a clock jump, and the process fuses every sweep
+    before and after it and exits 0."""
+    from fusion_workers import last_json
+
+    from embodied_bus.fusion import load_spec
+
+    spec_path = TEST_DIR.parent / "config" / "fusion.yaml"
+    port, ns, frames_out = free_port(), "stamps" + uuid.uuid4().hex[:6], tmp_path / "frames.jsonl"
+    fuse = subprocess.Popen(
+        [*CLI, "fuse", "--config", str(spec_path), "--bus", f"zenoh:?listen=tcp/127.0.0.1:{port}",
+         "--ns", ns, "--frames-out", str(frames_out), "--duration", "7", "--json"],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    clock = load_spec(spec_path).clock
+    sweeps: list[int] = []
+    async with open_bus(f"zenoh://127.0.0.1:{port}", namespace=ns) as bus:
+        lidar = await bus.publisher("lidar/top", clock=clock)
+        camera = await bus.publisher("camera/front", clock=clock)
+        assert await lidar.wait_for_subscribers(30) and await camera.wait_for_subscribers(30)
+        t0 = time.time_ns()
+        for i in range(90):  # 3 s of a 30 Hz camera and a 10 Hz lidar, at their pace
+            now = t0 + i * 33_333_333
+            await camera.publish(b"jpeg", stamp_ns=now)
+            if i == 45:
+                await camera.publish(b"jpeg", stamp_ns=(1 << 63) - 2)
+            if i % 3 == 0:
+                await lidar.publish(b"cloud", stamp_ns=now)
+                sweeps.append(now)
+            await asyncio.sleep(max(0.0, (now + 33_333_333 - time.time_ns()) / 1e9))
+    out, err = await asyncio.to_thread(fuse.communicate, timeout=60)
+    assert fuse.returncode == 0 and "Traceback" not in err, err[-3000:]
+    summary = last_json(out)
+    assert summary["stamp_jumps"] >= 1, summary
+    fused = [json.loads(line)["reference_stamp_ns"] for line in frames_out.read_text().splitlines()]
+    assert set(sweeps) <= set(fused), f"{len(set(sweeps) - set(fused))} sweeps of {len(sweeps)} not fused"

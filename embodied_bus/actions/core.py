@@ -29,7 +29,7 @@ from embodied_bus.actions.queue import LEASE_S, Backlog, BacklogRow, parse_annou
 from embodied_bus.actions.store import ActionStore, Settled
 from embodied_bus.model.limits import DEFAULT_LIMITS
 from embodied_bus.security.allowlist import AllowedKey, Role
-from embodied_bus.security.seal import Refused, Sealer, Trust, reply_channel
+from embodied_bus.security.seal import Refused, RefuseReason, Sealer, Trust, reply_channel
 
 __all__ = ["RESTART_GRACE_S", "QueueCore", "QueueEvents"]
 
@@ -95,6 +95,7 @@ class QueueCore:
         self.events = events
         self.sealer = sealer
         self.trust = trust
+        self._started_ns = 0  # when serving began (UTC ns): requests sealed before may be replays
         #: Executor processes that proved who they are (sealed requests): name -> session.
         self.authenticated: dict[str, str] = {}
         self._tokens: dict[str, str] = {}  # executor group members seen: name -> session
@@ -138,6 +139,7 @@ class QueueCore:
     def start(self, now_ns: int | None = None) -> None:
         """Give the leases on disk :data:`RESTART_GRACE_S` to be renewed."""
         now = now_ns if now_ns is not None else time.time_ns()
+        self._started_ns = now
         with self.lock:
             self.store.hold_leases(now + int(RESTART_GRACE_S * 1e9))
 
@@ -148,10 +150,15 @@ class QueueCore:
         body, sender = raw, None
         if self.trust is not None:
             try:
-                opened = self.trust.open("request", raw, _REQUEST_ROLES)
+                opened = self.trust.open(
+                    "request", raw, _REQUEST_ROLES, once=True, not_before_ns=self._started_ns
+                )
             except Refused as err:
                 self.refused += 1
-                return self._reply(raw, p.Failed(f"refused: {err}"))
+                # a request sealed before this service started may be a genuine one in flight:
+                # its sender seals it afresh when told to try again
+                again = err.reason is RefuseReason.REPLAYED
+                return self._reply(raw, p.Failed(f"refused: {err}", unavailable=again))
             body, sender = opened.body, opened.sender
         try:
             request = p.decode_request(body)

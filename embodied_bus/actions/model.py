@@ -32,6 +32,8 @@ __all__ = [
 MAX_PAYLOAD_BYTES = 256 * 1024
 #: Longest action kind / idempotency key / executor name.
 MAX_KIND_CHARS = 128
+#: Largest integer an action carries (stamps, deadlines, counters: SQLite's INTEGER, int64).
+MAX_INT64 = (1 << 63) - 1
 
 _KIND_RE = re.compile(r"^[A-Za-z0-9_.\-/]+$")
 
@@ -159,8 +161,13 @@ class Action:
             or not 0 <= self.priority <= 9
         ):
             raise ActionError(f"priority must be an integer 0..9, got {self.priority!r}")
-        if not isinstance(self.deadline_ns, int) or self.deadline_ns < 0:
-            raise ActionError(f"deadline_ns must be a non-negative integer, got {self.deadline_ns!r}")
+        for name, value in (
+            ("deadline_ns", self.deadline_ns),
+            ("created_ns", self.created_ns),
+            ("budget_from", self.budget_from),
+        ):
+            if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value <= MAX_INT64:
+                raise ActionError(f"{name} must be an integer 0..{MAX_INT64} (int64), got {value!r}")
         if self.idempotency_key is not None and (
             not isinstance(self.idempotency_key, str) or not 0 < len(self.idempotency_key) <= MAX_KIND_CHARS
         ):

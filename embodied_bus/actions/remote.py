@@ -4,7 +4,7 @@ transport is the bus (the service is :class:`~embodied_bus.actions.service.Queue
 in-process it is :class:`~embodied_bus.actions.memory.MemoryQueue`'s.
 
 Topics: ``actions/result/<id>`` (an ended action's envelope), ``actions/fb/<id>`` (feedback,
-JSON), ``actions/wake/<kind>`` (actions of a kind may be ready) and
+:mod:`~embodied_bus.actions.feedback`), ``actions/wake/<kind>`` (actions of a kind may be ready) and
 ``actions/assign/<executor>`` (leases pushed to an idle executor: a JSON array of envelopes).
 """
 
@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING, Any, Protocol, TypeVar
 import msgspec
 
 from embodied_bus.actions import protocol as p
+from embodied_bus.actions.feedback import HolderGate, decode_feedback, encode_feedback
 from embodied_bus.actions.model import Action, ActionError, ActionStatus, decode_action
 from embodied_bus.actions.queue import (
     EXECUTOR_GROUP,
@@ -58,8 +59,11 @@ R = TypeVar("R")
 class ServiceTransport(Protocol):
     """How a client reaches a queue service."""
 
-    async def request(self, payload: bytes, timeout_s: float) -> bytes | None:
-        """Ask the service; None if it did not answer within ``timeout_s`` seconds."""
+    async def request(
+        self, payload: bytes, timeout_s: float, accept: Callable[[bytes], bool] | None = None
+    ) -> bytes | None:
+        """Ask the service; None if it did not answer within ``timeout_s`` seconds (with
+        ``accept``: every server is asked, and the first answer it accepts is returned)."""
 
     def listen(self, topic: str, callback: Callable[[str, bytes], None]) -> Any:
         """Receive messages of ``topic`` (``*`` matches one segment) on any thread; returns a
@@ -82,8 +86,10 @@ class ZenohTransport:
     def __init__(self, bus: Bus) -> None:
         self.bus = bus
 
-    async def request(self, payload: bytes, timeout_s: float) -> bytes | None:
-        return await self.bus.engine.request(SERVICE, payload, timeout_s)
+    async def request(
+        self, payload: bytes, timeout_s: float, accept: Callable[[bytes], bool] | None = None
+    ) -> bytes | None:
+        return await self.bus.engine.request(SERVICE, payload, timeout_s, accept)
 
     def listen(self, topic: str, callback: Callable[[str, bytes], None]) -> Any:
         return self.bus.engine.listen(topic, callback)
@@ -136,15 +142,29 @@ class ServiceQueue(ActionQueue):
         """
         wait_s = self.options.request_timeout_s if timeout_s is None else timeout_s
         payload = self.seal("request", p.encode(request))
-        raw = await self.transport.request(payload, wait_s)
-        if raw is None:
+        trust = self.options.trust
+        if trust is None:
+            raw = await self.transport.request(payload, wait_s)
+            if raw is None:
+                raise QueueUnavailable(f"no action queue service answered within {wait_s:g} s")
+            return p.decode_reply(raw, expected)
+        channel = reply_channel(payload)
+        opened: list[bytes] = []
+        refused: list[str] = []
+
+        def the_queues(raw: bytes) -> bool:  # any transport thread
+            try:
+                opened.append(trust.open(channel, raw, QUEUE_ROLES).body)
+            except Refused as err:  # a stand-in's answer: the real queue's may still come
+                refused.append(str(err))
+                return False
+            return True
+
+        if await self.transport.request(payload, wait_s, the_queues) is None or not opened:
+            if refused:
+                _log.warning("refused %d reply(s) not sealed by the queue: %s", len(refused), refused[0])
             raise QueueUnavailable(f"no action queue service answered within {wait_s:g} s")
-        try:
-            body = self.opened(reply_channel(payload), raw, QUEUE_ROLES)
-        except Refused as err:  # not the queue's answer: the real one may come to the next try
-            _log.warning("refused a reply: %s", err)
-            raise QueueUnavailable(f"a reply that is not the queue's was refused: {err}") from err
-        return p.decode_reply(body, expected)
+        return p.decode_reply(opened[0], expected)
 
     def seal(self, channel: str, body: bytes) -> bytes:
         """``body`` sealed for ``channel`` (as it is when this party has no sealer)."""
@@ -212,14 +232,22 @@ class ServiceQueue(ActionQueue):
         self, action_id: str, on_feedback: Callable[[Any], None], on_end: Callable[[], None]
     ) -> Callable[[], None]:
         loop = asyncio.get_running_loop()
+        trust = self.options.trust
+        gate = HolderGate(action_id, self.get, on_feedback) if trust is not None else None
 
         def feedback(topic: str, payload: bytes) -> None:  # transport thread
             try:
-                data = msgspec.json.decode(self.opened(topic, payload, EXECUTOR_ROLES))
-            except (msgspec.DecodeError, RecursionError, Refused) as err:
+                if trust is None:
+                    data = msgspec.json.decode(decode_feedback(payload).data)
+                    loop.call_soon_threadsafe(on_feedback, data)
+                    return
+                opened = trust.open(topic, payload, EXECUTOR_ROLES)
+                envelope = decode_feedback(opened.body)
+            except (msgspec.DecodeError, msgspec.ValidationError, RecursionError, Refused) as err:
                 _log.debug("ignored feedback on %s: %r", topic, err)
                 return
-            loop.call_soon_threadsafe(on_feedback, data)
+            if gate is not None:
+                loop.call_soon_threadsafe(gate.offer, envelope, opened.sender)
 
         def ended(topic: str, payload: bytes) -> None:
             try:
@@ -236,6 +264,8 @@ class ServiceQueue(ActionQueue):
         def stop() -> None:
             for s in subs:
                 s.undeclare()
+            if gate is not None:
+                gate.close()
 
         return stop
 
@@ -360,7 +390,8 @@ class ServiceWorker(WorkerLink):
     def feedback(self, lease: Lease, data: bytes) -> None:
         try:
             topic = f"actions/fb/{lease.id}"
-            self.queue.transport.notify(topic, self.queue.seal(topic, data))
+            body = encode_feedback(self.spec.name, lease.attempt, data)
+            self.queue.transport.notify(topic, self.queue.seal(topic, body))
         except BusConnectionError as err:  # best effort
             _log.debug("feedback of %s not sent: %s", lease.id, err)
 

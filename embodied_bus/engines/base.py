@@ -305,8 +305,14 @@ class Engine(abc.ABC):
         """
         raise NotImplementedError(f"the {self.name} engine has no request/reply")
 
-    async def request(self, name: str, payload: bytes, timeout_s: float) -> bytes | None:
-        """Ask the service ``name``; None if nobody answered within ``timeout_s`` seconds."""
+    async def request(
+        self, name: str, payload: bytes, timeout_s: float, accept: Callable[[bytes], bool] | None = None
+    ) -> bytes | None:
+        """Ask the service ``name``; None if nobody answered within ``timeout_s`` seconds.
+
+        ``accept`` (e.g. a seal check) makes the request go to every server of ``name`` and
+        returns the first answer it accepts: a stand-in that answers first, or instead of the
+        real server, does not keep the request from it."""
         raise NotImplementedError(f"the {self.name} engine has no request/reply")
 
     def notify(self, topic: str, payload: bytes, *, block: bool = False) -> None:

@@ -131,15 +131,26 @@ class Assembler:
             self._last_receive_ns = arrival
         state.last_arrival_ns = self._flow_ns
         events = self._check_jump(state, entry.stamp_ns)
-        stamp = entry.stamp_ns
-        if self._event_time_ns is None or stamp > self._event_time_ns:
-            self._event_time_ns = stamp
+        self._advance_event_time(st, entry.stamp_ns)
         if st is None:
             events.extend(self._add_reference(entry))
         else:
             events.extend(self._add_member(st, entry))
         events.extend(self._emit_ready(state))
         return events
+
+    def _advance_event_time(self, member: StreamState | None, stamp: int) -> None:
+        """Event time is the newest stamp, but a member stamped far ahead of the reference (a
+        wrong clock, a hostile stamp) does not drag it along, and the reference takes it back
+        from one that did before the reference's first sample."""
+        top = self._event_time_ns
+        if member is None:
+            if top is None or stamp > top or top - stamp > self._jump_ns:
+                self._event_time_ns = stamp
+            return
+        ref_ns = self._ref.progress_ns
+        if (top is None or stamp > top) and (ref_ns is None or stamp - ref_ns <= self._jump_ns):
+            self._event_time_ns = stamp
 
     def _entry(self, st: StreamState, sample: Sample) -> Entry | None:
         """The sample's entry (stamped, clock offset applied), or None if seen before."""
@@ -402,7 +413,11 @@ class Assembler:
             self._silence_ns = self._picker.deadline_ns(due) + self._lateness_ns
         if top < self._silence_ns or not (self._silent(self._ref) or top >= self._silence_ns + MAX_LAG_NS):
             return False
-        self._append(Anchor(last.stamp_ns + last.period_ns, None, last.period_ns, first=False))
+        due_ns = last.stamp_ns + last.period_ns
+        if top - due_ns > self._jump_ns:  # event time leapt ahead: no frames anchored across the leap
+            self._end_segment()
+            return False
+        self._append(Anchor(due_ns, None, last.period_ns, first=False))
         return True
 
     def _emit(self, a: Anchor, forced: bool) -> list[Event]:

@@ -5,7 +5,8 @@ A sealed message is JSON ``{"by": <key id>, "t": <UTC ns>, "sig": <base64 Ed2551
 request, a push to one executor, the result of one action), the time and the message bytes, so
 a sealed message cannot be moved to another channel, altered, or replayed after
 :data:`WINDOW_S`. :class:`Trust` opens one only if its key is in the allow-list, not rotated out,
-and holds a role the channel needs; every refusal is counted by reason.
+and holds a role the channel needs; on channels opened ``once`` (the queue's requests) a copy of
+a message already opened is refused inside the window too. Every refusal is counted by reason.
 """
 
 from __future__ import annotations
@@ -14,6 +15,8 @@ import base64
 import binascii
 import enum
 import hashlib
+import heapq
+import threading
 import time
 from collections import Counter
 from collections.abc import Collection
@@ -44,6 +47,7 @@ class RefuseReason(str, enum.Enum):
     STALE = "stale"
     BAD_SIGNATURE = "bad_signature"
     NOT_ITS_OWN = "not_its_own"
+    REPLAYED = "replayed"
 
 
 class Refused(SecurityError):
@@ -115,6 +119,9 @@ class Trust:
         self.window_ns = int(window_s * 1e9)
         #: Refusals per reason.
         self.refused: Counter[str] = Counter()
+        self._seen: set[bytes] = set()  # signatures of messages opened ``once``, within the window
+        self._expiry: list[tuple[int, bytes]] = []  # (when a signature may be forgotten, it)
+        self._seen_lock = threading.Lock()
 
     def refuse(self, reason: RefuseReason, message: str) -> Refused:
         """Count a refusal; the error to raise."""
@@ -122,9 +129,19 @@ class Trust:
         return Refused(reason, message)
 
     def open(
-        self, channel: str, data: bytes, roles: Collection[Role], *, now_ns: int | None = None
+        self,
+        channel: str,
+        data: bytes,
+        roles: Collection[Role],
+        *,
+        now_ns: int | None = None,
+        once: bool = False,
+        not_before_ns: int = 0,
     ) -> Opened:
-        """Open a message sealed for ``channel`` by a key with one of ``roles``.
+        """Open a message sealed for ``channel`` by a key with one of ``roles``; with ``once``,
+        only the first copy of it, and none sealed before ``not_before_ns`` (when this party
+        started: it cannot know which copies it saw before), are believed; the others are
+        refused as replayed.
 
         Raises:
             Refused: With the reason; counted in :attr:`refused`.
@@ -149,9 +166,24 @@ class Trust:
             )
         body = bytes(sealed.m)
         try:
-            pub.verify(base64.b64decode(sealed.sig, validate=True), _signed(channel, sealed.t, body))
+            sig = base64.b64decode(sealed.sig, validate=True)
+            pub.verify(sig, _signed(channel, sealed.t, body))
         except (InvalidSignature, binascii.Error, ValueError):
             raise self.refuse(
                 RefuseReason.BAD_SIGNATURE, f"a message by {entry.name} on {channel} does not match its seal"
             ) from None
+        if once and (sealed.t < not_before_ns or not self._first(sig, sealed.t, now)):
+            raise self.refuse(RefuseReason.REPLAYED, f"a message by {entry.name} on {channel} came again")
         return Opened(body, entry)
+
+    def _first(self, sig: bytes, t_ns: int, now_ns: int) -> bool:
+        """Whether the message signed ``sig`` comes for the first time; remembered until it is
+        stale anyway."""
+        with self._seen_lock:
+            while self._expiry and self._expiry[0][0] < now_ns:
+                self._seen.discard(heapq.heappop(self._expiry)[1])
+            if sig in self._seen:
+                return False
+            self._seen.add(sig)
+            heapq.heappush(self._expiry, (t_ns + self.window_ns, sig))
+            return True

@@ -127,8 +127,15 @@ class ZenohEngine(Engine):
             self._svc_key(name), zenoh.handlers.Callback(on_query, indirect=False), complete=True
         )
 
-    async def request(self, name: str, payload: bytes, timeout_s: float) -> bytes | None:
+    async def request(
+        self, name: str, payload: bytes, timeout_s: float, accept: Callable[[bytes], bool] | None = None
+    ) -> bytes | None:
         self._check()
+        # with a check, every complete queryable is asked (not the one Zenoh finds best, which
+        # may be a stand-in) and the first answer that passes the check wins
+        target = zenoh.QueryTarget.ALL_COMPLETE if accept is not None else zenoh.QueryTarget.BEST_MATCHING
+        # every answer reaches the check (none merged away because another came for the same key)
+        consolidation = zenoh.ConsolidationMode.NONE if accept is not None else None
         loop = asyncio.get_running_loop()
         key = self._svc_key(name)
 
@@ -143,7 +150,9 @@ class ZenohEngine(Engine):
 
             def on_reply(reply: zenoh.Reply) -> None:
                 if reply.ok is not None:
-                    loop.call_soon_threadsafe(settle, reply.ok.payload.to_bytes())
+                    answer = reply.ok.payload.to_bytes()
+                    if accept is None or accept(answer):
+                        loop.call_soon_threadsafe(settle, answer)
 
             def on_done() -> None:
                 loop.call_soon_threadsafe(settle, None)
@@ -155,6 +164,8 @@ class ZenohEngine(Engine):
                     key,
                     zenoh.handlers.Callback(on_reply, on_done, indirect=False),
                     payload=payload,
+                    target=target,
+                    consolidation=consolidation,
                     timeout=budget_s,
                 )
             except zenoh.ZError as err:

@@ -27,6 +27,10 @@ if TYPE_CHECKING:
     from embodied_bus.engines.zenoh.engine import ZenohEngine
 
 
+#: How long a group waits for a withdrawn member's token to answer as still alive, seconds.
+GONE_CHECK_S = 1.0
+
+
 class ZenohSubscriber(EngineSubscriber):
     def __init__(self, engine: ZenohEngine, key: str, sink: MessageSink) -> None:
         deliver = sink.deliver
@@ -97,21 +101,45 @@ class ZenohGroup(GroupMembership):
         n = len(prefix.split("/"))
 
         def on_token(sample: zenoh.Sample) -> None:
-            parts = str(sample.key_expr).split("/")
+            key = str(sample.key_expr)
+            parts = key.split("/")
             if len(parts) != n + 2:
                 return
             mid, val = parts[n], parts[n + 1]
-            joined = sample.kind == zenoh.SampleKind.PUT
+            if sample.kind != zenoh.SampleKind.PUT:
+                # anyone can declare a copy of a member's token and withdraw it: a member has
+                # left only once no token of its key is alive
+                self._confirm_gone(key, mid, val, on_change)
+                return
             with self._lock:
-                if joined:
-                    self._members[mid] = val
-                elif self._members.get(mid) == val:
-                    del self._members[mid]
-                else:
-                    return
-            on_change(mid, val, joined)
+                self._members[mid] = val
+            on_change(mid, val, True)
 
         self._sub = engine.session.liveliness().declare_subscriber(f"{prefix}/**", on_token, history=True)
+
+    def _confirm_gone(self, key: str, mid: str, val: str, on_change: MembershipCallback) -> None:
+        """Ask whether a token of ``key`` is still alive; if none answers, ``mid`` has left."""
+        alive = [False]
+
+        def on_reply(reply: zenoh.Reply) -> None:
+            if reply.ok is not None:
+                alive[0] = True
+
+        def on_done() -> None:
+            if alive[0]:
+                return
+            with self._lock:
+                if self._members.get(mid) != val:
+                    return
+                del self._members[mid]
+            on_change(mid, val, False)
+
+        try:
+            self._engine.session.liveliness().get(
+                key, zenoh.handlers.Callback(on_reply, on_done, indirect=False), timeout=GONE_CHECK_S
+            )
+        except zenoh.ZError:  # the session is closing
+            on_done()
 
     def members(self) -> dict[str, str]:
         with self._lock:
