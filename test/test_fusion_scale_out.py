@@ -250,8 +250,8 @@ TILT_SPEC: dict[str, Any] = {
         "velocity": {"role": "optional", "pick": "nearest", "max_skew_ms": 30},
     },
 }
-#: Seconds of the recording replayed (its first 5 s: 50 scans).
-SLICE_S = 5.0
+#: Seconds of the recording replayed (its first 8 s: 80 scans).
+SLICE_S = 8.0
 
 
 def _recorded_samples(

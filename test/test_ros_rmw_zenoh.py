@@ -6,21 +6,26 @@ from __future__ import annotations
 import asyncio
 import json
 import struct
+import subprocess
+import sys
 import time
 from collections.abc import AsyncIterator
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
 import xxhash
+import yaml
 from zenoh.ext import Int64, z_serialize
 
 from embodied_bus import open_bus
-from embodied_bus.actions import Action, Executor, Planner, QueueService, RetryPolicy
+from embodied_bus.actions import Action, Executor, QueueService, RetryPolicy
 from embodied_bus.fusion.worker import FusionWorker
 from embodied_bus.ros.bridge_core import header_of, string_cdr, string_from_cdr
 from embodied_bus.ros.config import RobotConfigError, load_robot_config, robot_config_from_dict
 from embodied_bus.ros.rmw_bridge import RmwZenohBridge
+from embodied_bus.ros.sealing import bridge_credentials, bridge_planner
 from embodied_bus.rosmsg.conversions import array_to_pointcloud2_cdr, pointcloud2_to_array
 from embodied_bus.rosmsg.rmw_zenoh import (
     DEFAULT_QOS,
@@ -41,6 +46,7 @@ from embodied_bus.rosmsg.rmw_zenoh import (
     type_hash,
     unpack_attachment,
 )
+from embodied_bus.security import Sealer, Verifier, WatchedAllowList, load_private_key
 from embodied_bus.testing.ports import free_ports
 
 from conftest import wait_until
@@ -399,23 +405,50 @@ async def test_types_without_a_header_are_stamped_with_the_source_timestamp(rig:
         await sub.close()
 
 
-async def test_ros_planners_submit_actions_as_json_and_read_the_outcome(tmp_path: Path) -> None:
+@pytest.mark.parametrize("sealed", [False, True], ids=["unsealed", "sealed"])
+async def test_ros_planners_submit_actions_as_json_and_read_the_outcome(tmp_path: Path, sealed: bool) -> None:
+    """JSON submissions from a ROS planner, with the robot YAML's ``security:`` section (from
+    ``keys init``): the bridge's planner signs and seals, the queue and the executor only believe
+    sealed messages, and the executor runs only signed actions."""
     router_port, bus_port = free_ports(2)
-    cfg = robot_config_from_dict({"ros": {"host_router": f"tcp/127.0.0.1:{router_port}"}})
+    doc: dict[str, Any] = {"ros": {"host_router": f"tcp/127.0.0.1:{router_port}"}}
+    if sealed:
+        printed = await asyncio.to_thread(
+            subprocess.run,
+            [sys.executable, "-m", "embodied_bus.cli.main", "keys", "init", str(tmp_path / "keys"),
+             "--executors", "ex-ros"],
+            capture_output=True, text=True, check=True,
+        )  # fmt: skip
+        doc |= yaml.safe_load(printed.stdout[printed.stdout.index("security:") :].split("\n\n")[0])
+    cfg = robot_config_from_dict(doc)
+    creds = bridge_credentials(cfg.security)
     stop = asyncio.Event()
     async with open_bus(f"zenoh:?listen=tcp/127.0.0.1:{bus_port}", namespace="rmwact") as bus:
         ready = asyncio.Event()
-        service = QueueService(bus, tmp_path / "q.db", RetryPolicy(max_attempts=2, initial_backoff_s=0.05))
+        keys = tmp_path / "keys"
+        service = QueueService(
+            bus,
+            tmp_path / "q.db",
+            RetryPolicy(max_attempts=2, initial_backoff_s=0.05),
+            sealer=Sealer(load_private_key(keys / "queue.pem")) if sealed else None,
+            trust=creds.trust,
+        )
         tasks = [asyncio.create_task(service.run(stop, ready))]
         await ready.wait()
 
         async def navigate(action: Action, ctx):  # type: ignore[no-untyped-def]
             return {"reached": action.payload["goal"]}
 
-        ex = Executor(bus, "ex-ros")
+        ex = Executor(
+            bus,
+            "ex-ros",
+            sealer=Sealer(load_private_key(keys / "ex-ros.pem")) if sealed else None,
+            trust=creds.trust,
+            verifier=Verifier(WatchedAllowList(keys / "allow.yaml"), audience="rmwact") if sealed else None,
+        )
         ex.handler("navigate_to")(navigate)
         tasks.append(asyncio.create_task(ex.run(stop)))
-        async with RmwZenohBridge(bus, cfg, planner=Planner(bus)) as bridge:
+        async with RmwZenohBridge(bus, cfg, planner=bridge_planner(bus, creds)) as bridge:
             node = await asyncio.to_thread(RmwNode, f"tcp/127.0.0.1:{router_port}", "ros_planner")
             try:
                 results_key = key("/embodied_bus/actions/results", "std_msgs/msg/String")
@@ -447,6 +480,8 @@ async def test_ros_planners_submit_actions_as_json_and_read_the_outcome(tmp_path
                 bad = next(o for o in outcomes() if o.get("status") == "rejected")
                 assert "not valid JSON" in bad["error"]
                 assert bridge.counters.rejected["bad_submission"] == 1
+                assert creds.trust is None or not creds.trust.refused, creds.trust.refused  # all sealed
+                assert ex.verifier is None or ex.verifier.accepted >= 1
             finally:
                 await asyncio.to_thread(node.close)
         stop.set()

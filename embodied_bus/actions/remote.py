@@ -44,7 +44,15 @@ if TYPE_CHECKING:
     from embodied_bus.bus import Bus
     from embodied_bus.engines.base import GroupMembership
 
-__all__ = ["QUEUE_GROUP", "SERVICE", "ServiceQueue", "ServiceTransport", "ZenohTransport", "open_zenoh_queue"]
+__all__ = [
+    "QUEUE_GROUP",
+    "SERVICE",
+    "ServiceQueue",
+    "ServiceTransport",
+    "ZenohTransport",
+    "open_zenoh_queue",
+    "warn_if_unsealed",
+]
 
 _log = logging.getLogger("embodied_bus.actions")
 
@@ -106,8 +114,28 @@ class ZenohTransport:
         return await self.bus.engine.watch_group(QUEUE_GROUP, lambda *_: None)
 
 
+_WARNED_UNSEALED: set[str] = set()
+
+
+def warn_if_unsealed(bus: Bus, sealed: bool, who: str) -> None:
+    """Say once, loudly, that ``who`` runs the action queue unsealed on a bus other hosts can
+    reach, and how to seal it."""
+    if sealed or who in _WARNED_UNSEALED or not getattr(bus.settings, "reaches_other_hosts", False):
+        return
+    _WARNED_UNSEALED.add(who)
+    _log.warning(
+        "%s: the action queue's messages on %s are NOT SEALED, and other hosts can reach this bus: "
+        "anyone on the network can forge leases, results and feedback. Run 'embodied-bus keys init "
+        "KEYS_DIR' and give every process the flags (or the robot YAML 'security:' section) it "
+        "prints; see docs/security.md",
+        who,
+        bus.url,
+    )
+
+
 def open_zenoh_queue(bus: Bus, options: QueueOptions) -> ActionQueue:
     """The action queue of a Zenoh bus: its queue service (``embodied-bus queue``)."""
+    warn_if_unsealed(bus, options.sealer is not None and options.trust is not None, "this process")
     return ServiceQueue(ZenohTransport(bus), options)
 
 

@@ -20,7 +20,7 @@ from pathlib import Path
 from embodied_bus.actions.core import QueueCore
 from embodied_bus.actions.policy import DEFAULT_RETRY, RetryPolicy
 from embodied_bus.actions.queue import EXECUTOR_GROUP, Backlog
-from embodied_bus.actions.remote import QUEUE_GROUP, SERVICE
+from embodied_bus.actions.remote import QUEUE_GROUP, SERVICE, warn_if_unsealed
 from embodied_bus.actions.store import DEFAULT_KEEP_ENDED, ActionStore
 from embodied_bus.bus import Bus
 from embodied_bus.errors import EmbodiedBusError
@@ -135,6 +135,7 @@ class QueueService:
     async def run(self, stop: asyncio.Event, ready: asyncio.Event | None = None) -> None:
         """Serve until ``stop``; sweeps expired leases every :data:`SWEEP_S`."""
         core = self.core
+        warn_if_unsealed(self.bus, core.sealer is not None and core.trust is not None, "the queue service")
         core.start()
         handle = self.bus.engine.serve(SERVICE, core.handle_bytes)
         executors = await self.bus.engine.watch_group(EXECUTOR_GROUP, core.executor_changed)

@@ -1,5 +1,6 @@
 """``embodied-bus keys``: keys of planners, executors and the queue service, and the allow-list.
 
+embodied-bus keys init keys/ --executors arm,gripper         # every key of a robot, its allow-list
 embodied-bus keys generate ops-planner                      # ops-planner.pem (0600) + ops-planner.pub
 embodied-bus keys allow ops-planner.pub --kinds navigate_to,dock --allow-list allow.yaml
 embodied-bus keys allow arm-left.pub --role executor --allow-list allow.yaml
@@ -41,6 +42,26 @@ def add_parser(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-ar
         "keys", help="keys of planners, executors and the queue: generate, allow, rotate, revoke, list"
     )
     ks = p.add_subparsers(dest="keys_command", metavar="KEYS_COMMAND", required=True)
+
+    i = ks.add_parser(
+        "init",
+        help="a robot's keys (queue, planner, executors, bridge) and allow-list in DIR; prints the "
+        "robot YAML section and the flags that turn sealing on everywhere",
+    )
+    i.add_argument("dir", metavar="DIR")
+    i.add_argument(
+        "--executors",
+        default="executor",
+        help="comma-separated executor names, a key each (default: executor)",
+    )
+    i.add_argument("--planner", default="planner", help="name of the planner key (default: planner)")
+    i.add_argument("--kinds", default="*", help="action kinds the planner may sign (default: '*')")
+    i.add_argument(
+        "--bridge-node",
+        default="embodied_bus_bridge",
+        help="ROS node name of the bridge whose executor runs routed kinds (default: embodied_bus_bridge)",
+    )
+    i.set_defaults(func=run_init)
 
     g = ks.add_parser("generate", help="new Ed25519 key: NAME.pem (private, 0600) and NAME.pub")
     g.add_argument("name")
@@ -86,6 +107,64 @@ def add_parser(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-ar
 
 def _allow(path: str) -> AllowList:
     return load_allow_list(path) if Path(path).exists() else AllowList()
+
+
+async def run_init(args: argparse.Namespace) -> int:
+    folder = Path(args.dir).resolve()
+    executors = _split(args.executors)
+    if not executors:
+        raise KeyFileError("--executors: name at least one executor")
+    # the bridges' executor runs routed kinds as ros-<node> (ros-bridge) or ros-action_bridge
+    bridge = ("bridge", Role.EXECUTOR, (f"ros-{args.bridge_node}", "ros-action_bridge"))
+    parties = [("queue", Role.QUEUE, ()), (args.planner, Role.PLANNER, ()), bridge]
+    parties += [(name, Role.EXECUTOR, (name,)) for name in executors]
+    names = [name for name, *_ in parties]
+    if len(set(names)) != len(names):
+        raise KeyFileError(f"key names must differ: {', '.join(names)}")
+    taken = [str(folder / f) for n in names for f in (f"{n}.pem", f"{n}.pub")] + [str(folder / "allow.yaml")]
+    if any(Path(t).exists() for t in taken):
+        raise KeyFileError(f"{folder} already holds keys or an allow-list; choose an empty folder")
+    folder.mkdir(parents=True, exist_ok=True)
+    entries = []
+    for name, role, acts_as in parties:
+        key = generate_private_key()
+        save_private_key(key, folder / f"{name}.pem")
+        (folder / f"{name}.pub").write_text(public_key_b64(key) + "\n")
+        kinds = _split(args.kinds) if role is Role.PLANNER else []
+        entries.append(
+            AllowedKey(name, public_key_b64(key), frozenset(kinds), 0, frozenset({role}), frozenset(acts_as))
+        )
+    save_allow_list(AllowList(entries), folder / "allow.yaml")
+    print(secure_setup_text(folder, args.planner, executors))
+    return 0
+
+
+def secure_setup_text(folder: Path, planner: str, executors: list[str]) -> str:
+    """What to give each process to run sealed with the keys of ``folder``."""
+    allow = folder / "allow.yaml"
+    trust = f"--trust {allow}"
+    plan = folder / f"{planner}.pem"
+    lines = [
+        f"keys and allow-list written to {folder} (private keys 0600: copy each only to its process)",
+        "",
+        "# robot YAML (ros2 launch, ros-bridge, action_bridge): queue, bridges and their planner sealed",
+        "security:",
+        f"  allow_list: {allow}",
+        f"  queue_key: {folder / 'queue.pem'}",
+        f"  planner_key: {plan}",
+        f"  executor_key: {folder / 'bridge.pem'}",
+        "",
+        "# processes started by hand",
+        f"embodied-bus queue ... --seal {folder / 'queue.pem'} {trust}",
+        *(
+            f"embodied-bus executor ... --name {n} --seal {folder / (n + '.pem')} {trust} --allow {allow}"
+            for n in executors
+        ),
+        f"embodied-bus send ... --sign {plan} --seal {plan} {trust}",
+        "# Python: Planner(bus, signer=Signer(key), sealer=Sealer(key),",
+        f"#                 trust=Trust(WatchedAllowList('{allow}')))",
+    ]
+    return "\n".join(lines)
 
 
 async def run_generate(args: argparse.Namespace) -> int:

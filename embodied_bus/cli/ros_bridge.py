@@ -8,7 +8,6 @@ import dataclasses
 import json
 from typing import Any
 
-from embodied_bus.actions.client import Planner
 from embodied_bus.bus import open_bus
 from embodied_bus.cli.common import install_stop_signals, serve_until
 from embodied_bus.engines.urls import parse_bus_url, with_connect
@@ -16,6 +15,7 @@ from embodied_bus.fusion.worker import FusionWorker
 from embodied_bus.ros.config import RosLink, load_robot_config
 from embodied_bus.ros.launching import router_connect_endpoint
 from embodied_bus.ros.rmw_bridge import RmwZenohBridge, open_rmw_session
+from embodied_bus.ros.sealing import bridge_credentials, bridge_planner
 
 __all__ = ["add_parser", "bus_beside_ros"]
 
@@ -88,7 +88,8 @@ async def run(args: argparse.Namespace) -> int:
         await asyncio.to_thread(session.close)
         raise
     try:
-        bridge = RmwZenohBridge(bus, cfg, planner=Planner(bus) if args.actions else None, session=session)
+        planner = bridge_planner(bus, bridge_credentials(cfg.security)) if args.actions else None
+        bridge = RmwZenohBridge(bus, cfg, planner=planner, session=session)
         summary = await _serve(args, bridge, url, stop)
     finally:
         await bus_cm.__aexit__(None, None, None)

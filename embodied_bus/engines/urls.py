@@ -66,6 +66,14 @@ def validate_namespace(namespace: str) -> str:
     return namespace
 
 
+def _loopback(endpoint: str) -> bool:
+    """Whether a Zenoh endpoint (``tcp/127.0.0.1:7447``, ``tcp/[::1]:7447``,
+    ``tcp/localhost:7447``) is on the loopback interface."""
+    address = endpoint.split("/", 1)[-1].split("#", 1)[0]
+    host = address.rsplit(":", 1)[0].strip("[]").lower()
+    return host == "localhost" or host == "::1" or host.startswith("127.")
+
+
 @dataclass(frozen=True, slots=True)
 class ZenohSettings:
     """How to open the Zenoh session.
@@ -127,6 +135,14 @@ class ZenohSettings:
         return bool(
             self.mode != "peer" or self.listen or self.connect or self.multicast_scouting or self.config_file
         )
+
+    @property
+    def reaches_other_hosts(self) -> bool:
+        """Whether processes on other hosts may reach this session: multicast scouting, a
+        config file, or an endpoint that is not loopback."""
+        if self.multicast_scouting or self.config_file:
+            return True
+        return any(not _loopback(endpoint) for endpoint in (*self.listen, *self.connect))
 
     @property
     def needs_queue_service(self) -> bool:

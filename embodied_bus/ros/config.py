@@ -30,6 +30,7 @@ __all__ = [
     "RobotConfig",
     "RobotConfigError",
     "RosLink",
+    "SecurityPaths",
     "TopicRoute",
     "env_domain_id",
     "load_robot_config",
@@ -148,6 +149,25 @@ class RosLink:
 
 
 @dataclass(frozen=True, slots=True)
+class SecurityPaths:
+    """``security:`` of the robot YAML (made by ``embodied-bus keys init``): the allow-list and
+    the keys the robot's processes seal and sign with.
+
+    Attributes:
+        allow_list: Who may do what (watched: a revocation takes effect within a second).
+        queue_key: The queue service's key (seals its replies, pushes and results).
+        planner_key: The bridges' planner (ROS submissions, offered kinds): signs actions and
+            seals requests.
+        executor_key: The bridges' executor of routed kinds: seals its requests and feedback.
+    """
+
+    allow_list: str
+    queue_key: str | None = None
+    planner_key: str | None = None
+    executor_key: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
 class RobotConfig:
     """Everything in the robot YAML."""
 
@@ -166,6 +186,8 @@ class RobotConfig:
     #: The bucket clock every publisher of this robot stamps with: ``clock:``, else the fusion
     #: spec's, else the default (a fusion worker refuses samples of another clock).
     clock: BucketClock = field(default_factory=BucketClock)
+    #: Keys and allow-list that seal the robot's action queue; None: unsealed.
+    security: SecurityPaths | None = None
 
     def resolved(self) -> RobotConfig:
         """Every ROS name made absolute under the bridge node's namespace (``ros.namespace``), as
@@ -365,6 +387,34 @@ class RobotDocument(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
     publish: Any = None
     fusion: Any = None
     actions: Any = None
+    security: Any = None
+
+
+class SecurityDocument(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
+    """``security:`` of the robot YAML."""
+
+    allow_list: str
+    queue_key: str | None = None
+    planner_key: str | None = None
+    executor_key: str | None = None
+
+    def paths(self, where: str, base: Path | None) -> SecurityPaths:
+        def found(key: str, value: str | None) -> str | None:
+            if value is None:
+                return None
+            path = Path(value) if base is None or Path(value).is_absolute() else base / value
+            if not path.is_file():
+                raise RobotConfigError(f"{where}.{key}: no file {str(path)!r} (see 'embodied-bus keys init')")
+            return str(path)
+
+        allow = found("allow_list", self.allow_list)
+        assert allow is not None
+        return SecurityPaths(
+            allow,
+            found("queue_key", self.queue_key),
+            found("planner_key", self.planner_key),
+            found("executor_key", self.executor_key),
+        )
 
 
 def robot_config_from_dict(
@@ -421,6 +471,11 @@ def robot_config_from_dict(
         bus=d.bus or None,
         namespace=d.namespace or None,
         clock=_clock(d, fusion, where),
+        security=(
+            _doc(d.security, SecurityDocument, f"{where}.security").paths(f"{where}.security", base)
+            if d.security is not None
+            else None
+        ),
     )
 
 

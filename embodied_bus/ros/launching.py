@@ -154,6 +154,8 @@ class Resolved:
     bus: str
     namespace: str
     needs_queue_service: bool
+    #: ``--seal`` / ``--trust`` of the queue service (the config's ``security:``), or nothing.
+    queue_credentials: tuple[str, ...] = ()
 
 
 def resolve(args: LaunchArgs, who: str) -> Resolved:
@@ -167,7 +169,11 @@ def resolve(args: LaunchArgs, who: str) -> Resolved:
     if args.router and not settings.reaches_other_processes:
         url = with_connect(url, [router_connect_endpoint(args.router_listen)])
     url = require_shared_bus(url, who=who)
-    return Resolved(args, url, args.namespace or cfg.namespace or "", settings.needs_queue_service)
+    sec = cfg.security
+    creds: tuple[str, ...] = ()
+    if sec is not None and sec.queue_key:
+        creds = ("--seal", sec.queue_key, "--trust", sec.allow_list)
+    return Resolved(args, url, args.namespace or cfg.namespace or "", settings.needs_queue_service, creds)
 
 
 def _python(module: str, *argv: str) -> tuple[str, ...]:
@@ -218,7 +224,9 @@ def executors_plan(r: Resolved) -> list[ProcessSpec]:
     planners in, ROS 2 action servers out)."""
     out = []
     if r.needs_queue_service and r.args.queue is not False:
-        out.append(_cli("queue_service", "queue", *_bus_argv(r), "--db", r.args.queue_db))
+        out.append(
+            _cli("queue_service", "queue", *_bus_argv(r), "--db", r.args.queue_db, *r.queue_credentials)
+        )
     if r.args.rclpy:
         out.append(_ros_node(r, "action_bridge"))
     return out

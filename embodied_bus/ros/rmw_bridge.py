@@ -56,6 +56,7 @@ from embodied_bus.ros.bridge_core import (
 from embodied_bus.ros.config import FrameRoute, RobotConfig, RosLink, TopicRoute
 from embodied_bus.ros.rmw_actions import QueueActionServer, RosActionClient, route_handler
 from embodied_bus.ros.rmw_node import LoopHandoff, RmwNode, RosPublisher
+from embodied_bus.ros.sealing import bridge_credentials
 from embodied_bus.rosmsg.interfaces import Interfaces
 from embodied_bus.rosmsg.rmw_zenoh import DEFAULT_QOS, QosProfile, RmwZenohError, unpack_attachment
 from embodied_bus.rosmsg.types import modality_of
@@ -217,7 +218,14 @@ class RmwZenohBridge:
         for problem in self.problems:
             _log.error("%s", problem)
         if routes:
-            executor = Executor(self.bus, f"ros-{self.config.ros.node_name}", concurrency=len(routes))
+            creds = bridge_credentials(self.config.security)
+            executor = Executor(
+                self.bus,
+                f"ros-{self.config.ros.node_name}",
+                concurrency=len(routes),
+                sealer=creds.executor_sealer,
+                trust=creds.trust,
+            )
             for route, handler in routes:
                 executor.handler(route.kind)(handler)
                 _log.info(

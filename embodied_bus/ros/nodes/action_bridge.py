@@ -46,6 +46,7 @@ from embodied_bus.ros.bridge_core import (
 )
 from embodied_bus.ros.config import ActionRoute
 from embodied_bus.ros.nodes.runtime import NodeParams, run_node, to_asyncio
+from embodied_bus.ros.sealing import bridge_credentials, bridge_planner
 
 __all__ = ["main"]
 
@@ -204,7 +205,7 @@ async def _submissions(node: Any, bus: Bus, params: NodeParams, stop: asyncio.Ev
     from std_msgs.msg import String
 
     cfg = params.config
-    planner = Planner(bus)
+    planner = bridge_planner(bus, bridge_credentials(cfg.security))
     loop = asyncio.get_running_loop()
     results = node.create_publisher(String, cfg.results_topic, 10)
     tasks: set[asyncio.Task[None]] = set()
@@ -252,8 +253,9 @@ async def serve(node: Any, params: NodeParams, stop: asyncio.Event) -> None:
     async with open_bus(params.bus, namespace=params.bus_namespace) as bus:
         jobs = [asyncio.create_task(_submissions(node, bus, params, stop))]
         offers = []
+        creds = bridge_credentials(cfg.security)
         if cfg.offers:
-            planner = Planner(bus)
+            planner = bridge_planner(bus, creds)
             for route in cfg.offers:
                 offers.append(_offer(node, route, planner, asyncio.get_running_loop()))
                 node.get_logger().info(
@@ -263,7 +265,13 @@ async def serve(node: Any, params: NodeParams, stop: asyncio.Event) -> None:
         for problem in problems:
             node.get_logger().error(problem)
         if routes:
-            executor = Executor(bus, f"ros-{node.get_name()}", concurrency=len(routes))
+            executor = Executor(
+                bus,
+                f"ros-{node.get_name()}",
+                concurrency=len(routes),
+                sealer=creds.executor_sealer,
+                trust=creds.trust,
+            )
             for route, handler in routes:
                 executor.handler(route.kind)(handler)
                 node.get_logger().info(
