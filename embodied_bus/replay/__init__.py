@@ -1,5 +1,6 @@
 """Recordings in and out (rosbag2 sqlite3 / MCAP, bare legacy .db3, ROS 1 bags, via rosbags)."""
 
+from embodied_bus.replay.inspect import RecordingReport, TopicReport, inspect_recording
 from embodied_bus.replay.reader import (
     RecordedMessage,
     RecordingError,
@@ -16,7 +17,10 @@ __all__ = [
     "RecordedMessage",
     "RecordingError",
     "RecordingInfo",
+    "RecordingReport",
     "SkippedTopic",
+    "TopicReport",
+    "inspect_recording",
     "modality_of",
     "normalize_msgtype",
     "read_recording",
