@@ -227,6 +227,15 @@ def test_the_demo_replays_fuses_records_and_draws_in_short_mode(tmp_path) -> Non
     assert all("poison" in r for r in poison["reasons"])
 
 
+def test_the_demo_replays_only_the_first_seconds_asked_for_and_refuses_a_bad_duration(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    out = run("demo", "--rate", "8", "--duration", "3", "--json", "--out", str(tmp_path), timeout=120)
+    assert out.returncode == 0, out.stderr
+    scans = json.loads(out.stdout)["replayed"]["messages"]["/scan"]
+    assert 25 <= scans <= 35, scans  # 3 s of a 10 Hz laser, not the recording's 178
+    bad = run("demo", "--duration", "0")
+    assert bad.returncode == 2 and "expected seconds > 0" in bad.stderr
+
+
 def test_the_synthetic_demo_still_runs() -> None:
     out = run("demo", "--synthetic", "--duration", "2", "--json")
     assert out.returncode == 0, out.stderr

@@ -162,9 +162,15 @@ def test_bad_stage_parameters_are_rejected_by_name(op: str, params: dict[str, ob
         make_stage(StageSpec("s", "a", "b", op, params))
 
 
-def test_the_shipped_stage_config_loads() -> None:
-    names = [s.name for s in load_stages(ROOT / "config" / "stages.yaml")]
-    assert names == ["lidar_voxel", "lidar_crop", "lidars_merged"]
+def test_the_shipped_stage_config_loads_and_reads_streams_the_robot_publishes() -> None:
+    from embodied_bus.ros.config import load_robot_config
+
+    stages = load_stages(ROOT / "config" / "stages.yaml")
+    assert [s.name for s in stages] == ["lidar_voxel", "lidar_crop", "lidars_merged"]
+    robot = load_robot_config(ROOT / "config" / "robot.yaml")
+    published = {r.stream for r in robot.inbound} | {f.stream for f in robot.frames}
+    published |= {s.output for s in stages}
+    assert all(s.input in published for s in stages), [s.input for s in stages]
 
 
 async def test_a_stage_turns_one_stream_into_another_over_zenoh() -> None:

@@ -71,13 +71,34 @@ def demo_files() -> tuple[Path, Path]:
     raise SystemExit(f"demo data (data/tilt_laser/tilt_laser.bag, config/demo.yaml) not found in {where}")
 
 
+#: How long ``demo --synthetic`` runs without ``--duration``, seconds.
+SYNTHETIC_S = 10.0
+
+
+def _positive_s(text: str) -> float:
+    """An argparse type: seconds > 0."""
+    try:
+        value = float(text)
+    except ValueError:
+        value = -1.0
+    if not value > 0:
+        raise argparse.ArgumentTypeError(f"expected seconds > 0, got {text!r}")
+    return value
+
+
 def add_parser(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     p = sub.add_parser("demo", help="replay a real recording, fuse it, record MCAP, draw a timeline")
     p.add_argument("--rate", type=float, default=2.0, help="replay speed (default 2x: ~9 s)")
     p.add_argument("--out", default="out/demo", help="directory for frames.jsonl, demo.mcap, timeline.png")
     p.add_argument("--json", action="store_true", help="print the summary as JSON")
     p.add_argument("--synthetic", action="store_true", help="synthetic sensors instead of the recording")
-    p.add_argument("--duration", type=float, default=10.0, help="--synthetic: seconds to run")
+    p.add_argument(
+        "--duration",
+        type=_positive_s,
+        default=None,
+        metavar="S",
+        help="replay only the recording's first S seconds (--synthetic: run S seconds, default 10)",
+    )
     add_view_arg(p)
     p.set_defaults(func=run)
 
@@ -192,7 +213,13 @@ async def run_pipeline(args: argparse.Namespace, p: Pipeline, frames: FrameLog) 
         await worker.ready.wait()
         await rec_ready.wait()
         progress = {"frac": 0.0}
-        opts = ReplayOptions(rate=args.rate, topics=tuple(p.mapping), mapping=p.mapping, clock=p.spec.clock)
+        opts = ReplayOptions(
+            rate=args.rate,
+            topics=tuple(p.mapping),
+            mapping=p.mapping,
+            clock=p.spec.clock,
+            duration_s=args.duration,
+        )
         replay_task = asyncio.create_task(
             replay(robot, [p.bag], opts, stop=stop, progress=lambda f, n: progress.update(frac=f))
         )
@@ -403,7 +430,7 @@ async def run_synthetic(args: argparse.Namespace) -> int:
             for i, (p, s) in enumerate(zip(pubs, DEFAULT_SENSORS, strict=True))
         ]
         t0 = time.monotonic()
-        while not stop.is_set() and time.monotonic() - t0 < args.duration:
+        while not stop.is_set() and time.monotonic() - t0 < (args.duration or SYNTHETIC_S):
             try:
                 await asyncio.wait_for(stop.wait(), 1.0)
             except TimeoutError:
