@@ -21,10 +21,11 @@ from zenoh.ext import Int64, z_serialize
 
 from embodied_bus import open_bus
 from embodied_bus.actions import Action, Executor, QueueService, RetryPolicy
+from embodied_bus.errors import BusConfigError, BusConnectionError
 from embodied_bus.fusion.worker import FusionWorker
 from embodied_bus.ros.bridge_core import header_of, string_cdr, string_from_cdr
-from embodied_bus.ros.config import RobotConfigError, load_robot_config, robot_config_from_dict
-from embodied_bus.ros.rmw_bridge import RmwZenohBridge
+from embodied_bus.ros.config import RobotConfigError, RosLink, load_robot_config, robot_config_from_dict
+from embodied_bus.ros.rmw_bridge import RmwZenohBridge, open_rmw_session
 from embodied_bus.ros.sealing import bridge_credentials, bridge_planner
 from embodied_bus.rosmsg.conversions import array_to_pointcloud2_cdr, pointcloud2_to_array
 from embodied_bus.rosmsg.rmw_zenoh import (
@@ -182,6 +183,43 @@ def test_header_stamps_and_strings_are_read_from_cdr_without_deserializing() -> 
     assert string_from_cdr(s) == "hé"
     with pytest.raises(ValueError, match="length"):
         string_from_cdr(s[:-2])
+
+
+def test_the_ros_session_reads_rmw_zenohs_environment_and_the_robot_yaml_comes_last(tmp_path: Path) -> None:
+    from embodied_bus.ros.rmw_session import rmw_session_config, router_check_attempts
+
+    default = rmw_session_config(RosLink(), {})
+    assert json.loads(default.get_json("connect/endpoints")) == ["tcp/localhost:7447"]
+    assert json.loads(default.get_json("timestamping/enabled")) is True
+    conf_file = tmp_path / "session.json5"
+    conf_file.write_text('{mode: "peer", connect: {endpoints: ["tcp/10.0.0.9:7447"]}}')
+    env = {
+        "ZENOH_SESSION_CONFIG_URI": str(conf_file),
+        "ZENOH_CONFIG_OVERRIDE": 'listen/endpoints=["tcp/127.0.0.1:0"]',
+    }
+    from_file = rmw_session_config(RosLink(), env)
+    assert json.loads(from_file.get_json("connect/endpoints")) == ["tcp/10.0.0.9:7447"]
+    assert json.loads(from_file.get_json("listen/endpoints")) == ["tcp/127.0.0.1:0"]
+    mine = rmw_session_config(RosLink(connect=("tcp/10.0.0.5:7447",)), env)  # the robot YAML wins
+    assert json.loads(mine.get_json("connect/endpoints")) == ["tcp/10.0.0.5:7447"]
+    with pytest.raises(BusConfigError, match="ZENOH_CONFIG_OVERRIDE: 'connect' is not key=value"):
+        rmw_session_config(RosLink(), {"ZENOH_CONFIG_OVERRIDE": "connect"})
+    with pytest.raises(BusConfigError, match="ZENOH_SESSION_CONFIG_URI: cannot read"):
+        rmw_session_config(RosLink(), {"ZENOH_SESSION_CONFIG_URI": str(tmp_path / "none.json5")})
+    assert [router_check_attempts({"ZENOH_ROUTER_CHECK_ATTEMPTS": v}) for v in ("", "0", "3", "-1")] == [
+        None, None, 3, 0
+    ]  # fmt: skip
+
+
+async def test_without_a_router_the_session_gives_up_after_the_attempts_asked_for(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    (port,) = free_ports(1)
+    monkeypatch.setenv("ZENOH_ROUTER_CHECK_ATTEMPTS", "2")
+    t0 = time.monotonic()
+    with pytest.raises(BusConnectionError, match=r"no Zenoh router at .* after 2 attempt\(s\)"):
+        await open_rmw_session(RosLink(connect=(f"tcp/127.0.0.1:{port}",)))
+    assert time.monotonic() - t0 < 10
 
 
 def test_the_ros_domain_comes_from_the_config_else_ros_domain_id(monkeypatch: pytest.MonkeyPatch) -> None:

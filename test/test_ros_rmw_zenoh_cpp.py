@@ -355,8 +355,9 @@ async def _collect_feedback(handle: Any, into: list[Any]) -> None:
 
 def test_replay_speaks_rmw_zenoh_to_rclpy_on_use_sim_time_through_the_bus_router() -> None:
     """``replay --ros --clock`` in a Python without rclpy (the rmw_zenoh protocol) through
-    ``embodied-bus router``: an rclpy node on rmw_zenoh_cpp and ``use_sim_time`` gets every
-    message in order with its recorded stamp, and its clock follows the recording's."""
+    ``embodied-bus router``, given only the ``ROS_DOMAIN_ID`` and ``ZENOH_CONFIG_OVERRIDE`` the
+    rclpy nodes get: an rclpy node on rmw_zenoh_cpp and ``use_sim_time`` gets every message in
+    order with its recorded stamp, and its clock follows the recording's."""
     ros2()
     (port,) = free_ports(1)
     gen = rmw_zenoh_env(port)
@@ -378,9 +379,10 @@ def test_replay_speaks_rmw_zenoh_to_rclpy_on_use_sim_time_through_the_bus_router
         player = ros.start(
             [
                 *CLI, "replay", str(SICK), "--topics", *CLOUDS, "--ros", "--clock", "50",
-                "--connect", f"tcp/127.0.0.1:{port}", "--wait-subscribers", "30", "--json",
+                "--wait-subscribers", "30", "--json",
             ],
-            env={**os.environ, "ROS_DOMAIN_ID": str(ros.domain)},  # as ROS users export it
+            # the domain and the router from what every ROS process of the robot is given
+            env={**os.environ, **{k: ros.env[k] for k in ("ROS_DOMAIN_ID", "ZENOH_CONFIG_OVERRIDE")}},
         )  # fmt: skip
         summary = player.result(90)
         assert player.popen.returncode == 0, player.output()[-3000:]

@@ -7,8 +7,13 @@ import asyncio
 
 from embodied_bus.bus import open_bus
 from embodied_bus.cli.common import install_stop_signals
+from embodied_bus.errors import BusConnectionError
 
-__all__ = ["add_parser"]
+__all__ = ["DEFAULT_LISTEN", "add_parser"]
+
+#: Where the router listens unless told: every address, IPv6 and IPv4 (a dual-stack socket),
+#: else IPv4 only on a host without IPv6; rmw_zenoh's router port.
+DEFAULT_LISTEN = ("tcp/[::]:7447", "tcp/0.0.0.0:7447")
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
@@ -17,7 +22,8 @@ def add_parser(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-ar
         "--listen",
         action="append",
         default=None,
-        help="endpoint to listen on (repeatable; default tcp/0.0.0.0:7447)",
+        help="endpoint to listen on (repeatable; default tcp/[::]:7447, or tcp/0.0.0.0:7447 on a host "
+        "without IPv6)",
     )
     p.add_argument(
         "--multicast-scouting",
@@ -28,13 +34,24 @@ def add_parser(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-ar
 
 
 async def run(args: argparse.Namespace) -> int:
-    listen = ",".join(args.listen or ["tcp/0.0.0.0:7447"])
-    url = f"zenoh:?mode=router&listen={listen}"
-    if args.multicast_scouting:
-        url += "&scouting=multicast"
+    tries = [args.listen] if args.listen else [[endpoint] for endpoint in DEFAULT_LISTEN]
     stop = asyncio.Event()
     install_stop_signals(stop)
-    async with open_bus(url):
-        print(f"zenoh router listening on {listen}; Ctrl-C to stop", flush=True)
-        await stop.wait()
+    for i, endpoints in enumerate(tries):
+        listen = ",".join(endpoints)
+        url = f"zenoh:?mode=router&listen={listen}" + (
+            "&scouting=multicast" if args.multicast_scouting else ""
+        )
+        try:
+            bus = await open_bus(url)
+        except BusConnectionError:
+            if i + 1 == len(tries):
+                raise
+            continue  # no IPv6 here: IPv4 only
+        try:
+            print(f"zenoh router listening on {listen}; Ctrl-C to stop", flush=True)
+            await stop.wait()
+        finally:
+            await bus.close()
+        break
     return 0

@@ -38,8 +38,9 @@ __all__ = [
 PACKAGE = "embodied_bus"
 #: The robot's Zenoh router as rmw_zenoh nodes reach it (``rmw_zenohd``'s default endpoint).
 ROBOT_ROUTER = "tcp/localhost:7447"
-#: Where a router started by ``router:=true`` listens.
-ROUTER_LISTEN = "tcp/[::]:7447"
+#: Where a router started by ``router:=true`` listens (empty: ``embodied-bus router``'s default,
+#: every IPv6 and IPv4 address, or IPv4 only on a host without IPv6, port 7447).
+ROUTER_LISTEN = ""
 
 
 def share_dirs() -> list[Path]:
@@ -79,7 +80,7 @@ def require_shared_bus(url: str, *, who: str) -> str:
 
 def router_connect_endpoint(listen: str) -> str:
     """The endpoint local processes connect to for a router listening on ``listen``."""
-    proto, _, rest = listen.partition("/")
+    proto, _, rest = (listen or "tcp/[::]:7447").partition("/")
     host, _, port = rest.rpartition(":")
     if host in ("0.0.0.0", "[::]", "::", ""):
         host = "localhost"
@@ -199,7 +200,8 @@ def _ros_node(r: Resolved, name: str) -> ProcessSpec:
 
 def router_plan(r: Resolved) -> list[ProcessSpec]:
     """The Zenoh router, when asked for."""
-    return [_cli("zenoh_router", "router", "--listen", r.args.router_listen)] if r.args.router else []
+    listen = ("--listen", r.args.router_listen) if r.args.router_listen else ()
+    return [_cli("zenoh_router", "router", *listen)] if r.args.router else []
 
 
 def bridge_plan(r: Resolved) -> list[ProcessSpec]:

@@ -26,7 +26,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import json
 import logging
 import time
 from collections import Counter
@@ -38,7 +37,7 @@ import zenoh
 from embodied_bus.actions.client import Planner
 from embodied_bus.actions.executor import Executor
 from embodied_bus.bus import Bus
-from embodied_bus.errors import BusConnectionError, EncodingError
+from embodied_bus.errors import EncodingError
 from embodied_bus.fusion.codec import decode_frame
 from embodied_bus.model.qos import PublisherOptions
 from embodied_bus.ros.bridge_core import (
@@ -53,9 +52,10 @@ from embodied_bus.ros.bridge_core import (
     string_cdr,
     string_from_cdr,
 )
-from embodied_bus.ros.config import FrameRoute, RobotConfig, RosLink, TopicRoute
+from embodied_bus.ros.config import FrameRoute, RobotConfig, TopicRoute
 from embodied_bus.ros.rmw_actions import QueueActionServer, RosActionClient, route_handler
 from embodied_bus.ros.rmw_node import LoopHandoff, RmwNode, RosPublisher
+from embodied_bus.ros.rmw_session import open_rmw_session, rmw_session_config
 from embodied_bus.ros.sealing import bridge_credentials
 from embodied_bus.rosmsg.interfaces import Interfaces
 from embodied_bus.rosmsg.rmw_zenoh import DEFAULT_QOS, QosProfile, RmwZenohError, unpack_attachment
@@ -67,36 +67,6 @@ __all__ = ["BridgeCounters", "RmwZenohBridge", "open_rmw_session", "rmw_session_
 _log = logging.getLogger("embodied_bus.ros")
 _DIAG_TYPE = "diagnostic_msgs/msg/DiagnosticArray"
 _STRING_TYPE = "std_msgs/msg/String"
-
-
-def rmw_session_config(link: RosLink) -> zenoh.Config:
-    """A Zenoh session configured like rmw_zenoh's defaults: multicast scouting off, timestamping
-    on; a peer that connects to the robot's router, or (``host_router``) the router itself."""
-    conf = zenoh.Config()
-    conf.insert_json5("scouting/multicast/enabled", "false")
-    # as rmw_zenoh's session config: samples are timestamped (transient-local caches need it)
-    conf.insert_json5("timestamping/enabled", "true")
-    if link.host_router:
-        conf.insert_json5("mode", '"router"')
-        conf.insert_json5("listen/endpoints", json.dumps([link.host_router]))
-    else:
-        conf.insert_json5("mode", '"peer"')
-        conf.insert_json5("connect/endpoints", json.dumps(list(link.connect)))
-        conf.insert_json5("listen/endpoints", json.dumps(["tcp/localhost:0"]))
-    return conf
-
-
-async def open_rmw_session(link: RosLink) -> Any:
-    """Open the ROS-side Zenoh session (the router itself with ``host_router``).
-
-    Raises:
-        BusConnectionError: It could not be opened (e.g. the router endpoint is taken).
-    """
-    try:
-        return await asyncio.to_thread(zenoh.open, rmw_session_config(link))
-    except zenoh.ZError as err:
-        where = link.host_router or ", ".join(link.connect)
-        raise BusConnectionError(f"cannot open the rmw_zenoh session ({where}): {err}") from err
 
 
 @dataclass
