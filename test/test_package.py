@@ -153,3 +153,29 @@ def test_the_command_line_reference_is_generated_from_the_parsers() -> None:
     assert (ROOT / "docs" / "cli.md").read_text() == markdown(), (
         "docs/cli.md is stale: python -m embodied_bus.cli.reference > docs/cli.md"
     )
+
+
+def test_the_api_reference_documents_every_public_name() -> None:
+    """docs/api.md is what scripts/api_reference.py writes, and every name of a public
+    package's ``__all__`` (among them LiveView, open_queue, decode_frame, frame_arrays, the
+    security helpers, PermanentFailure, RecordingError, FusionWorker) has its entry there."""
+    import importlib
+    import re
+
+    out = subprocess.run(
+        [sys.executable, str(ROOT / "scripts" / "api_reference.py"), "--check"],
+        capture_output=True,
+        text=True,
+    )
+    assert out.returncode == 0, out.stderr
+    api = (ROOT / "docs" / "api.md").read_text()
+    documented = {(m, n) for m, n in re.findall(r"^::: ([\w.]+)\.(\w+)$", api, re.M)}
+    objects = {id(getattr(importlib.import_module(m), n)) for m, n in documented}
+    sections = re.findall(r"^`(embodied_bus[\w.]*)`$", api, re.M)
+    for module in sections:
+        mod = importlib.import_module(module)
+        for name in (n for n in mod.__all__ if not n.startswith("__")):
+            assert (module, name) in documented or id(getattr(mod, name)) in objects, f"{module}.{name}"
+    named = ["LiveView", "open_queue", "decode_frame", "frame_arrays", "PermanentFailure", "RecordingError"]
+    for name in [*named, "FusionWorker", "Signer", "Sealer", "WatchedAllowList"]:
+        assert re.search(rf"^::: [\w.]+\.{name}$", api, re.M), name

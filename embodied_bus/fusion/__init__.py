@@ -9,6 +9,7 @@ from embodied_bus.fusion.assembler import (
     StampJump,
 )
 from embodied_bus.fusion.codec import FRAME_ENCODING, decode_frame, encode_frame, frame_summary
+from embodied_bus.fusion.decode import frame_arrays
 from embodied_bus.fusion.frame import Member, MultiModalFrame
 from embodied_bus.fusion.spec import (
     FusionSpec,
@@ -39,7 +40,13 @@ __all__ = [
     "StreamSpec",
     "decode_frame",
     "encode_frame",
+    "frame_arrays",
     "frame_summary",
     "load_spec",
     "spec_from_dict",
 ]
+
+# the worker runs the assembler on a bus: imported last (it needs the bus, which needs the rest)
+from embodied_bus.fusion.worker import FusionWorker
+
+__all__ += ["FusionWorker"]
