@@ -79,8 +79,17 @@ async def test_every_sensor_type_crosses_both_ways_with_its_qos_and_8_mib_clouds
         streams = {
             name: {"topic": f"/in/{name}", "type": t, "qos": q} for name, (t, q, _, _) in SENSORS.items()
         }
+        # reliable topics out as keep-all: rmw_zenoh's publishers then wait under congestion
+        # (8 MiB clouds on two busy cores) where keep-last ones drop
+        keep_all = {"reliability": "reliable", "history": "keep_all"}
         publish = [
-            {"stream": name, "topic": f"/out/{name}", "type": t} for name, (t, _, _, _) in SENSORS.items()
+            {
+                "stream": name,
+                "topic": f"/out/{name}",
+                "type": t,
+                **({"qos": keep_all} if q == "default" else {}),
+            }
+            for name, (t, q, _, _) in SENSORS.items()
         ]
         async with RmwZenohBridge(bus, config(endpoint, streams, publish)) as bridge:
             listeners, publishers = {}, {}

@@ -29,6 +29,10 @@ if TYPE_CHECKING:
 
 #: How long a group waits for a withdrawn member's token to answer as still alive, seconds.
 GONE_CHECK_S = 1.0
+#: How soon a group asks again after a withdrawn member's token still answered, seconds
+#: (doubling each time, up to :data:`RECHECK_MAX_S`).
+RECHECK_S = 0.25
+RECHECK_MAX_S = 5.0
 
 
 class ZenohSubscriber(EngineSubscriber):
@@ -97,6 +101,7 @@ class ZenohGroup(GroupMembership):
         self._prefix = prefix = f"eb/{engine.settings.namespace}/@group/{group}"
         self._members: dict[str, str] = {}
         self._lock = threading.Lock()
+        self._closed = False
         self._token: Any = None
         n = len(prefix.split("/"))
 
@@ -117,8 +122,11 @@ class ZenohGroup(GroupMembership):
 
         self._sub = engine.session.liveliness().declare_subscriber(f"{prefix}/**", on_token, history=True)
 
-    def _confirm_gone(self, key: str, mid: str, val: str, on_change: MembershipCallback) -> None:
-        """Ask whether a token of ``key`` is still alive; if none answers, ``mid`` has left."""
+    def _confirm_gone(
+        self, key: str, mid: str, val: str, on_change: MembershipCallback, tries: int = 0
+    ) -> None:
+        """Ask whether a token of ``key`` is still alive; if none answers, ``mid`` has left
+        (``tries``: how many times a token answered already)."""
         alive = [False]
 
         def on_reply(reply: zenoh.Reply) -> None:
@@ -126,12 +134,19 @@ class ZenohGroup(GroupMembership):
                 alive[0] = True
 
         def on_done() -> None:
-            if alive[0]:
-                return
             with self._lock:
-                if self._members.get(mid) != val:
+                if self._closed or self._members.get(mid) != val:
                     return
-                del self._members[mid]
+                if not alive[0]:
+                    del self._members[mid]
+            if alive[0]:
+                # a token still answers: a copy was withdrawn, or the answer is not yet up to
+                # date with a member that died; look again until it is gone
+                delay_s = min(RECHECK_S * 2**tries, RECHECK_MAX_S)
+                timer = threading.Timer(delay_s, self._confirm_gone, (key, mid, val, on_change, tries + 1))
+                timer.daemon = True
+                timer.start()
+                return
             on_change(mid, val, False)
 
         try:
@@ -152,6 +167,8 @@ class ZenohGroup(GroupMembership):
         self._token = self._engine.session.liveliness().declare_token(f"{self._prefix}/{member}/{value}")
 
     async def leave(self) -> None:
+        with self._lock:
+            self._closed = True
         try:
             if self._token is not None:
                 self._token.undeclare()
