@@ -223,13 +223,16 @@ def test_rclpy_on_rmw_zenoh_cpp_and_the_bridge_exchange_sensors_latched_topics_a
     info = tools["info"]
     assert "Node name: eb_bridge" in info and "Endpoint type: PUBLISHER" in info, info
     assert "Reliability: RELIABLE" in info and "Durability: TRANSIENT_LOCAL" in info, info
+    sub = tools["info_sub"]  # the bridge's subscription of the GPS, with its keep-all QoS
+    assert "Node name: eb_bridge" in sub and "Endpoint type: SUBSCRIPTION" in sub, sub
+    assert "History (Depth): KEEP_ALL" in sub or "KEEP_ALL" in sub, sub
     assert "data: map v7" in tools["echo"], tools["echo"]
     assert out["bridge"].interrupt(30) == 0, out["bridge"].output()[-3000:]
 
 
 def ros2_tools(ros: RosEnv) -> dict[str, str]:
-    """What ``ros2 node list``, ``topic list``, ``topic info -v /bus/map`` and ``topic echo --once
-    /bus/map`` print on rmw_zenoh_cpp."""
+    """What ``ros2 node list``, ``topic list``, ``topic info -v`` (the bridge's latched publisher
+    and its GPS subscription) and ``topic echo --once /bus/map`` print on rmw_zenoh_cpp."""
     echo = ros.ros2(
         *("topic", "echo", "--once", "--no-daemon", "/bus/map", "std_msgs/msg/String"),
         *("--qos-reliability", "reliable", "--qos-durability", "transient_local"),
@@ -239,6 +242,9 @@ def ros2_tools(ros: RosEnv) -> dict[str, str]:
         "nodes": ros.ros2_until("node", "list", "--spin-time", "2", want="/eb_bridge"),
         "topics": ros.ros2_until("topic", "list", "--spin-time", "2", want="/bus/map"),
         "info": ros.ros2_until("topic", "info", "-v", "/bus/map", "--spin-time", "2", want="eb_bridge"),
+        "info_sub": ros.ros2_until(
+            "topic", "info", "-v", "/gps/fix", "--spin-time", "2", want="SUBSCRIPTION"
+        ),
         "echo": echo.stdout + echo.stderr,
     }
 
