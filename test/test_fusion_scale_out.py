@@ -60,6 +60,10 @@ def test_rendezvous_ownership_moves_only_the_buckets_of_a_joining_member() -> No
     assert moved and all(after[b] == "c" for b in moved)
     assert 0.2 < len(moved) / 300 < 0.5  # about a third
     assert {rendezvous_owner(b, {"a": None}) for b in range(50)} == {"a"}
+    # the worker that owned the early buckets died: those who joined later take them over
+    survivors = {"b": 100, "c": 100}
+    early = {rendezvous_owner(b, survivors) for b in range(0, 100)}
+    assert early == {"b", "c"}
 
 
 def _worker(url: str, ns: str, wid: str, mode: str, config: Path = CONFIG) -> subprocess.Popen[str]:

@@ -89,7 +89,9 @@ def rendezvous_owner(bucket: int, members: Mapping[str, int | None]) -> str | No
     """Owner of a bucket among members (member id -> first bucket it may own, None = any).
 
     Highest-random-weight hashing: adding or removing a member moves only the buckets it wins
-    or held. Deterministic on every worker with the same member view.
+    or held. Deterministic on every worker with the same member view. A bucket before every
+    member's first one (its owner left: a worker that started first and died) goes to the
+    members as if they owned it from the start, so its frames are taken over, not lost.
     """
     best: tuple[int, str] | None = None
     for m, start in members.items():
@@ -98,6 +100,8 @@ def rendezvous_owner(bucket: int, members: Mapping[str, int | None]) -> str | No
         cand = (_score(m, bucket), m)
         if best is None or cand > best:
             best = cand
+    if best is None and members:
+        best = max((_score(m, bucket), m) for m in members)
     return None if best is None else best[1]
 
 

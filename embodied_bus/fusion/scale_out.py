@@ -29,8 +29,10 @@ if TYPE_CHECKING:
     from embodied_bus.fusion.worker import FusionWorker
 
 __all__ = [
+    "COLD_SETTLE_S",
     "HANDOVER_CONFIRM_S",
     "HELD_FRAMES_S",
+    "TAKEOVER_GRACE_S",
     "Grouped",
     "HeldFrames",
     "RecentFrames",
@@ -45,6 +47,12 @@ _log = logging.getLogger("embodied_bus.fusion")
 #: Longest wait of a worker leaving a running ring for the others to publish the buckets it left
 #: open (it publishes them itself if every other worker left meanwhile), seconds.
 HANDOVER_CONFIRM_S = 2.0
+#: How long a ring worker that joined from the start waits to see the others that did too
+#: before it takes its first sample, seconds.
+COLD_SETTLE_S = 0.5
+#: How long a ring worker lets the frames a departed worker sent arrive before it publishes
+#: the ones it did not, seconds.
+TAKEOVER_GRACE_S = 0.3
 #: Recent frames remembered for group bookkeeping.
 RECENT_FRAMES = 4096
 #: Frames another worker publishes are held at most this long (wall clock) in case it dies,
@@ -293,6 +301,9 @@ class Ring(Grouped):
         tasks.append(asyncio.create_task(self._take_over()))
         if not await self.ring.watch():
             await self.ring.join(None)  # first worker: own everything from the start
+            # workers started together may each have found no other and joined from the start
+            # too: see them before the first frame, so that each bucket has one owner
+            await asyncio.sleep(COLD_SETTLE_S)
         w = self.worker
         tasks.append(asyncio.create_task(w.pump(await w.open_inputs(inputs))))
         return tasks
@@ -322,6 +333,9 @@ class Ring(Grouped):
         assert ring is not None
         while True:
             await ring.departures.get()
+            # frames the departed worker sent just before it died are still on their way to
+            # the frames stream: let them arrive, so none of them is published a second time
+            await asyncio.sleep(TAKEOVER_GRACE_S)
             async with self.worker.handling:
                 await self.publish_held(lambda f: ring.owns(f.bucket))
 
