@@ -61,6 +61,14 @@ def workspace(ros: RosEnv, tmp_path: Path) -> dict[str, str]:
     return env
 
 
+def fused_sweeps_listener(ros: RosEnv) -> Any:
+    """An rclpy peer counting the fused sweeps the launch publishes (up to 20, 40 s)."""
+    plan = [
+        {"topic": "/robot1/fused/lidar/top", "type": "sensor_msgs/msg/PointCloud2", "qos": "reliable-all"}
+    ]
+    return ros.peer("listens", "--plan", json.dumps(plan), "--count", "20", "--timeout-s", "40")
+
+
 @pytest.fixture
 def ros() -> Iterator[RosEnv]:
     yield from ros_env()
@@ -107,22 +115,7 @@ def test_ros2_launch_of_the_built_package_carries_rclpy_data_through_fusion_and_
     )
     assert launch.wait_for("-> bus stream imu", 90), launch.output()[-4000:]
     assert launch.wait_for("fusing", 90), launch.output()[-4000:]
-    listener = ros.peer(
-        *(
-            "listens",
-            "--plan",
-            json.dumps(
-                [
-                    {
-                        "topic": "/robot1/fused/lidar/top",
-                        "type": "sensor_msgs/msg/PointCloud2",
-                        "qos": "reliable-all",
-                    }
-                ]
-            ),
-        ),
-        *("--count", "20", "--timeout-s", "40"),
-    )
+    listener = fused_sweeps_listener(ros)
     assert listener.wait_for("ready", 60), listener.output()
     echo = ros.start(
         [
@@ -181,22 +174,7 @@ def test_ros2_launch_with_rclpy_false_bridges_rclpy_nodes_on_rmw_zenoh_cpp(tmp_p
             env=launch_env,  # the launch itself runs no rclpy node
         )
         assert proc.wait_for("ros-bridge: node", 90), proc.output()[-4000:]
-        listener = ros.peer(
-            *(
-                "listens",
-                "--plan",
-                json.dumps(
-                    [
-                        {
-                            "topic": "/robot1/fused/lidar/top",
-                            "type": "sensor_msgs/msg/PointCloud2",
-                            "qos": "reliable-all",
-                        }
-                    ]
-                ),
-            ),
-            *("--count", "20", "--timeout-s", "40"),
-        )
+        listener = fused_sweeps_listener(ros)
         assert listener.wait_for("ready", 60), listener.output()
         driver = ros.peer("sensors", "--duration-s", "6", "--namespace", "/robot1")
         nodes = ros.ros2_until("node", "list", "--spin-time", "2", want="embodied_bus_bridge")
