@@ -57,6 +57,7 @@ setup(
             "pytest-asyncio>=0.23",
             "pytest-timeout>=2.3",
             "pytest-rerunfailures>=14",
+            "pytest-xdist>=3.5",
             "hypothesis>=6.100",
             "catkin-pkg>=1.0",
             "wheel>=0.40",

@@ -14,5 +14,14 @@ scripts/setup.sh pulsar,test
 .venv/bin/mypy embodied_bus
 .venv/bin/lint-imports                    # the layers of docs/architecture.md
 .venv/bin/mkdocs build --strict --quiet   # the documentation, warnings as errors
-# A bound on the whole pytest run (normally 5-10 min): a hang fails fast instead of eating CI's hour.
-exec timeout --kill-after=60s 45m .venv/bin/python -m pytest --durations=30 "$@"
+# Most tests wait on the engines, so two pytest workers (each with its own Pulsar standalone)
+# share two cores well; the tests marked serial (processes killed, real-time replays, ROS
+# launches) then run alone. Each run is bounded, so a hang fails fast instead of eating CI's hour.
+status=0
+timeout --kill-after=60s 30m .venv/bin/python -m pytest -n 2 -m "not serial" --durations=15 "$@" || status=$?
+[ "$status" -eq 5 ] && status=0  # nothing selected (arguments naming serial tests only)
+serial=0
+timeout --kill-after=60s 30m .venv/bin/python -m pytest -m serial --durations=15 "$@" || serial=$?
+[ "$serial" -eq 5 ] && serial=0
+[ "$status" -ne 0 ] && exit "$status"
+exit "$serial"

@@ -96,6 +96,19 @@ def pytest_runtest_protocol(item: pytest.Item) -> Iterator[None]:
         done.set()
 
 
+# Tests whose verdict depends on timing under bursts of load they make themselves (chaos runs
+# that kill processes and cut links, recordings replayed at rate 1 into workers killed mid-run):
+# marked ``serial``; the test command runs them alone, after the others have run on two workers
+# (``-n 2 -m "not serial"``).
+SERIAL_MODULES = frozenset({"test_actions_chaos", "test_fusion_scale_out"})
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    for item in items:
+        if item.path.stem in SERIAL_MODULES:
+            item.add_marker(pytest.mark.serial)
+
+
 def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
     session.config.stash[_exit_status] = int(exitstatus)
 
@@ -124,7 +137,8 @@ def pytest_unconfigure(config: pytest.Config) -> None:
     hold the exit, with their stacks, then exits with pytest's status.
     """
     status = config.stash.get(_exit_status, None)
-    if status is None or os.environ.get("EMBODIED_BUS_TEST_NORMAL_EXIT"):
+    worker = hasattr(config, "workerinput")  # an xdist worker leaves through its controller
+    if status is None or worker or os.environ.get("EMBODIED_BUS_TEST_NORMAL_EXIT"):
         return
     frames = sys._current_frames()
     for t in _busy_threads():

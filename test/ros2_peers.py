@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import os
 import random
 import signal
 import subprocess
@@ -25,7 +26,9 @@ PEER = Path(__file__).with_name("rclpy_peer.py")
 _FOUND: list[RosPython | str] = []
 #: ROS domains handed out to tests, in a random order (concurrent test runs and participants
 #: that a killed process left behind rarely share one).
-_DOMAINS = random.sample(range(1, 101), 100)
+# each pytest worker (``-n 2``) draws from its own range: concurrent tests never share a domain
+_WORKER = int(os.environ.get("PYTEST_XDIST_WORKER", "gw0").removeprefix("gw") or 0)
+_DOMAINS = random.sample(range(1 + 50 * (_WORKER % 4), 51 + 50 * (_WORKER % 4)), 50)
 
 
 def ros2() -> RosPython:
@@ -51,8 +54,15 @@ class Proc:
 
     def __init__(self, argv: list[str], env: dict[str, str], cwd: Path | None = None) -> None:
         self.argv = argv
+        # a session of its own: what it starts (a launch's nodes) is killed with it, never left behind
         self.popen = subprocess.Popen(
-            argv, env=env, cwd=cwd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
+            argv,
+            env=env,
+            cwd=cwd,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+            start_new_session=True,
         )
         self.lines: list[str] = []
         self._changed = threading.Condition()
@@ -101,10 +111,17 @@ class Proc:
         if self.popen.poll() is None:
             self.popen.send_signal(signal.SIGINT)
         try:
-            return self.popen.wait(timeout=timeout_s)
+            code = self.popen.wait(timeout=timeout_s)
         except subprocess.TimeoutExpired:
-            self.popen.kill()
+            self.kill_all()
             return self.popen.wait(timeout=10)
+        self.kill_all()  # anything it left running
+        return code
+
+    def kill_all(self) -> None:
+        """SIGKILL the process and every process of its session."""
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(self.popen.pid, signal.SIGKILL)
 
 
 class RosEnv:
@@ -145,14 +162,16 @@ class RosEnv:
             timeout=timeout_s,
         )
 
-    def ros2_until(self, *argv: str, want: str, timeout_s: float = 30.0) -> str:
+    def ros2_until(self, *argv: str, want: str | tuple[str, ...], timeout_s: float = 30.0) -> str:
         """Run a ``ros2`` command (``--no-daemon``: discovery starts afresh each time, and may
-        not have found every node yet) until its output has a line holding ``want``; its last
-        output."""
+        not have found every node yet) until its output has a line holding ``want`` (each of
+        them, for a tuple); its last output."""
+        wants = (want,) if isinstance(want, str) else want
         deadline = time.monotonic() + timeout_s
         while True:
             out = self.ros2(*argv, "--no-daemon").stdout
-            if any(want in line for line in out.splitlines()) or time.monotonic() > deadline:
+            lines = out.splitlines()
+            if all(any(w in line for line in lines) for w in wants) or time.monotonic() > deadline:
                 return out
 
     def stop(self) -> None:

@@ -39,6 +39,22 @@ class Clock(msgspec.Struct, frozen=True, kw_only=True):
     __hash__: ClassVar[str] = "RIHS01_692f7a66e93a3c83e71765d033b60349ba68023a8c689a79e48078bcb5c58564"
 
 
+class Note(msgspec.Struct, frozen=True, kw_only=True):
+    """A message type of no ROS distribution (a robot's own package), with a made-up hash: a
+    bridge can only learn it from the graph."""
+
+    text: str = ""
+
+    __msgtype__: ClassVar[str] = "eb_test_msgs/msg/Note"
+    __hash__: ClassVar[str] = "RIHS01_" + "5e" * 32
+
+
+def _note(stamp_ns: int) -> bytes:
+    """A Note as little-endian CDR (ros-z publishes types it lacks as raw bytes)."""
+    text = f"note {stamp_ns}".encode() + b"\x00"
+    return b"\x00\x01\x00\x00" + struct.pack("<I", len(text)) + text
+
+
 def _node(connect: str, name: str, domain_id: int = 0, namespace: str = "") -> Any:
     ctx = (
         rz.ZContextBuilder()
@@ -143,7 +159,10 @@ MAKERS = {
     "sensor_msgs/msg/NavSatFix": _fix,
     "sensor_msgs/msg/Imu": _imu,
     "sensor_msgs/msg/LaserScan": _scan,
+    "eb_test_msgs/msg/Note": _note,
 }
+#: Types that are not ros-z's own messages.
+CUSTOM: dict[str, Any] = {"eb_test_msgs/msg/Note": Note}
 
 
 def _qos(name: str) -> Any:
@@ -162,7 +181,8 @@ def pub(args: argparse.Namespace) -> dict[str, Any]:
     from the wall clock; then stay ``linger_s`` (a latched publisher serves late joiners)."""
     ctx, node = _node(args.connect, args.node, args.domain_id, args.namespace)
     module, _, name = args.type.partition("/msg/")
-    publisher = node.create_publisher(args.topic, getattr(getattr(rz, module), name), qos=_qos(args.qos))
+    cls = CUSTOM.get(args.type) or getattr(getattr(rz, module), name)
+    publisher = node.create_publisher(args.topic, cls, qos=_qos(args.qos))
     make = MAKERS[args.type] or (lambda t: _cloud(t, max(1, args.size // 12)))
     time.sleep(args.settle_s)
     stamps: list[int] = []
@@ -172,7 +192,11 @@ def pub(args: argparse.Namespace) -> dict[str, Any]:
         if delay > 0:
             time.sleep(delay)
         stamp = time.time_ns()
-        publisher.publish(make(stamp))
+        message = make(stamp)
+        if isinstance(message, bytes):
+            publisher.publish_raw(message)
+        else:
+            publisher.publish(message)
         stamps.append(stamp)
     time.sleep(args.linger_s)
     ctx.shutdown()

@@ -295,6 +295,19 @@ def priority_inversions(results: list[Any], runs: list[Run], late_s: float = 0.5
     )
 
 
+async def results_or_why_not(planner: Planner, handles: list[Any], timeout_s: float) -> list[Action]:
+    """Every action's end; an action that does not end in time fails the test with its state."""
+    results = []
+    for h in handles:
+        try:
+            results.append(await h.result(timeout_s=timeout_s))
+        except TimeoutError:
+            action = await planner.get(h.id)
+            state = "unknown to the queue" if action is None else f"{action.status.name}: {action.attempts}"
+            raise AssertionError(f"action {h.id} did not end within {timeout_s:g} s ({state})") from None
+    return results
+
+
 def check(results: list[Any], poison: set[str], runs: list[Run], cut: dict[str, Any]) -> dict[str, Any]:
     """The properties every chaos run must keep; returns its figures."""
     assert all(a.status.terminal for a in results)
@@ -367,7 +380,7 @@ async def drive(
             handles.append(long)
             await asyncio.gather(crash)
             cut = await cutter
-            results = [await h.result(timeout_s=result_timeout_s) for h in handles]
+            results = await results_or_why_not(planner, handles, result_timeout_s)
             done.set()
             await killer
             await wait_for_executors(bus, {"e0", "e1", "ecut"}, 90)  # the last one restarted is up
@@ -417,10 +430,36 @@ async def test_zenoh_chaos_never_runs_an_action_twice_at_once_and_loses_nothing(
         await drive(fleet, url, ns, restart_queue, restart_after_s=8.0, cut_s=8.0, result_timeout_s=90)
     finally:
         fleet.stop_all()
-        for p in procs:
-            if p.poll() is None:
-                p.send_signal(signal.SIGINT)
-                p.wait(20)
+        print_tails(log_dir)
+        stuck = [p for p in procs if not stops_on_sigint(p)]
+        # shown with a failure: what the queue service said (and, if it hung, its threads' stacks)
+        print((tmp_path / "queue.stderr").read_text(errors="replace")[-6000:])
+    assert not stuck, "the queue service did not stop on SIGINT within 20 s (its stacks are above)"
+
+
+def print_tails(log_dir: Path, chars: int = 3000) -> None:
+    """Print the end of each executor's stderr (pytest shows it when the test fails)."""
+    for path in sorted(log_dir.glob("*.stderr")):
+        print(f"--- {path.name}\n{path.read_text(errors='replace')[-chars:]}")
+
+
+def stops_on_sigint(proc: subprocess.Popen[bytes], timeout_s: float = 20.0) -> bool:
+    """Interrupt ``proc``; if it has not ended within ``timeout_s``, have it print its threads'
+    stacks (``SIGUSR1``), then kill it. Returns whether it stopped on its own."""
+    if proc.poll() is not None:
+        return True
+    proc.send_signal(signal.SIGINT)
+    try:
+        proc.wait(timeout_s)
+        return True
+    except subprocess.TimeoutExpired:
+        proc.send_signal(signal.SIGUSR1)
+        try:
+            proc.wait(2.0)  # the stacks are written at once; a process that ends meanwhile is fine
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait(10)
+        return False
 
 
 async def test_pulsar_chaos_never_runs_an_action_twice_at_once_and_loses_nothing(
@@ -450,4 +489,5 @@ async def test_pulsar_chaos_never_runs_an_action_twice_at_once_and_loses_nothing
         await drive(fleet, url, ns, restart_broker, restart_after_s=14.0, cut_s=12.0, result_timeout_s=180)
     finally:
         fleet.stop_all()
+        print_tails(log_dir)
         await asyncio.to_thread(broker.cleanup)

@@ -155,6 +155,7 @@ def test_merge_clouds_puts_two_lidars_in_the_base_frame() -> None:
         ("crop_box", {"min_m": [2, 0, 0], "max_m": [1, 1, 1]}, "below"),
         ("merge_clouds", {}, "extrinsics"),
         ("sharpen", {}, "unknown op"),
+        ("crop_box", {"min_m": [0, 0, 0], "max_m": [1, 1, 1], "voxel_m": 1}, "unknown key .voxel_m."),
     ],
 )
 def test_bad_stage_parameters_are_rejected_by_name(op: str, params: dict[str, object], message: str) -> None:

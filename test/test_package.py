@@ -155,6 +155,43 @@ def test_the_command_line_reference_is_generated_from_the_parsers() -> None:
     )
 
 
+def test_the_configuration_reference_is_generated_from_the_documents_the_loaders_check() -> None:
+    """Every key the loaders take has a line (type, default, meaning) and the page is current;
+    the tables cover every document class of the loaders."""
+    import msgspec
+    import pytest
+
+    from embodied_bus.cli import config_reference as ref
+    from embodied_bus.fusion import spec, stages
+    from embodied_bus.ros import config, discovery
+
+    assert (ROOT / "docs" / "config-reference.md").read_text() == ref.markdown(), (
+        "docs/config-reference.md is stale: "
+        "python -m embodied_bus.cli.config_reference > docs/config-reference.md"
+    )
+    covered = {s.document for s in (*ref.ROBOT, *ref.FUSION, *ref.STAGES)}
+    documents = {
+        cls
+        for module in (config, discovery, spec, stages)
+        for cls in vars(module).values()
+        if isinstance(cls, type) and issubclass(cls, msgspec.Struct) and cls.__name__.endswith("Document")
+    }
+    assert documents <= covered, f"documents missing from the reference: {documents - covered}"
+
+    class Half(msgspec.Struct):
+        """A document.
+
+        Attributes:
+            said: Documented.
+        """
+
+        said: int
+        unsaid: int
+
+    with pytest.raises(ref.UndocumentedKey, match=r"Half\.unsaid"):
+        list(ref.section_rows(ref.Section("", Half)))
+
+
 def test_the_api_reference_documents_every_public_name() -> None:
     """docs/api.md is what scripts/api_reference.py writes, and every name of a public
     package's ``__all__`` (among them LiveView, open_queue, decode_frame, frame_arrays, the

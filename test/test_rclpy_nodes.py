@@ -167,6 +167,59 @@ def test_sensor_bridge_takes_best_effort_sensors_as_a_plain_rclpy_subscriber_doe
         )
 
 
+def test_sensor_bridge_discovers_published_topics_by_pattern_with_their_types(
+    ros: RosEnv, tmp_path: Path
+) -> None:
+    """``discover:`` instead of ``streams:``: topics rclpy nodes publish after the node started
+    are bridged when allowed and not denied, with the type and reliability the graph shows."""
+    port = free_port()
+    ns = f"disc{port}"
+    doc = {"allow": ["^/disc/"], "deny": ["secret"], "stream_prefix": "ros/"}
+    cfg = robot_yaml(
+        tmp_path / "robot.yaml", {"bus": f"zenoh://127.0.0.1:{port}", "namespace": ns, "discover": doc}
+    )
+
+    async def run() -> tuple[dict[str, list[Any]], dict[str, Any], str]:
+        async with open_bus(f"zenoh:?listen=tcp/127.0.0.1:{port}", namespace=ns) as bus:
+            streams = ("ros/disc/fix", "ros/disc/imu", "ros/disc/secret")
+            sub = await bus.subscribe(streams, options=LOSSLESS)
+            node = ros.node("sensor_bridge", cfg)
+            assert await asyncio.to_thread(node.wait_for, "ready: 0 configured topics", 60), node.output()
+            secret = ros.peer(
+                *("pub", "--topic", "/disc/secret", "--type", "sensor_msgs/msg/NavSatFix"),
+                *("--count", "20", "--rate", "20", "--subscribers", "0"),
+            )
+            plan = [
+                {"topic": "/disc/fix", "type": "sensor_msgs/msg/NavSatFix", "count": 40, "rate": 20},
+                {
+                    "topic": "/disc/imu",
+                    "type": "sensor_msgs/msg/Imu",
+                    "count": 40,
+                    "rate": 50,
+                    "qos": "sensor",
+                },
+            ]
+            # published once the bridge has discovered both and subscribed
+            peer = ros.peer("pubs", "--plan", json.dumps(plan), "--subscribers", "1", "--linger-s", "1")
+            published = (await asyncio.to_thread(peer.result, 60))["published"]
+            await asyncio.to_thread(secret.result, 60)
+            got: dict[str, list[Any]] = {s: [] for s in streams}
+            try:
+                while True:
+                    s = await sub.recv(timeout_s=2)
+                    got[s.stream].append(s)
+            except TimeoutError:
+                pass
+            return got, published, node.output()
+
+    got, published, log = asyncio.run(run())
+    assert [s.stamp_ns for s in got["ros/disc/fix"]] == published["/disc/fix"]  # reliable: all
+    assert got["ros/disc/fix"][0].header.encoding == "cdr:sensor_msgs/msg/NavSatFix"
+    assert len(got["ros/disc/imu"]) >= 30 and got["ros/disc/imu"][0].header.modality.name == "IMU"
+    assert got["ros/disc/secret"] == [], "a denied topic was bridged"
+    assert "/disc/fix (sensor_msgs/msg/NavSatFix) -> bus stream ros/disc/fix" in log
+
+
 FUSION = {
     "name": "fused",
     "bucket_width_ms": 100,

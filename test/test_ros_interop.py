@@ -19,6 +19,7 @@ import zenoh.ext
 
 from embodied_bus import open_bus
 from embodied_bus.bus import Bus
+from embodied_bus.ros.bridge_core import string_from_cdr
 from embodied_bus.ros.config import RobotConfig, RosLink, robot_config_from_dict
 from embodied_bus.ros.rmw_bridge import RmwZenohBridge, open_rmw_session
 from embodied_bus.rosmsg.rmw_zenoh import pack_attachment, topic_key, type_hash, typestore_for
@@ -281,3 +282,65 @@ async def test_domain_ids_and_namespaces_keep_robots_apart() -> None:
         await sub.close()
     assert got == mine and not set(got) & set(theirs)
     assert "/robot7/embodied_bus_bridge" in seen["nodes"], seen["nodes"]
+
+
+async def test_discovered_topics_are_bridged_by_pattern_with_types_from_the_graph() -> None:
+    """``discover:`` instead of a topic list: ros-z nodes that appear after the bridge started
+    are bridged when their topic is allowed and not denied, sensors by their type's modality and
+    a type of no distribution (a made-up hash) as its CDR bytes."""
+    env = peer_env()
+    async with router_and_bus("interop6") as (endpoint, bus):
+        cfg = robot_config_from_dict(
+            {
+                "ros": {"connect": [endpoint]},
+                "discover": {
+                    "allow": ["^/sensors/", "^/notes$"],
+                    "deny": ["/debug$"],
+                    "stream_prefix": "ros/",
+                },
+            }
+        )
+        streams = ("ros/sensors/fix", "ros/sensors/imu", "ros/notes", "ros/sensors/debug", "ros/other/fix")
+        subs = {s: await bus.subscribe(s) for s in streams}
+        got: dict[str, list[Any]] = {s: [] for s in streams}
+
+        async def collect(stream: str) -> None:
+            async for sample in subs[stream]:
+                got[stream].append(sample)
+
+        readers = [asyncio.create_task(collect(s)) for s in streams]
+        async with RmwZenohBridge(bus, cfg) as bridge:
+            assert bridge.discovered == []
+            pubs = {
+                "/sensors/fix": ("sensor_msgs/msg/NavSatFix", "default"),
+                "/sensors/imu": ("sensor_msgs/msg/Imu", "sensor_data"),
+                "/notes": ("eb_test_msgs/msg/Note", "default"),
+                "/sensors/debug": ("sensor_msgs/msg/NavSatFix", "default"),
+                "/other/fix": ("sensor_msgs/msg/NavSatFix", "default"),
+            }
+            drivers = {}
+            for i, (topic, (ros_type, qos)) in enumerate(pubs.items()):
+                argv = ["--topic", topic, "--type", ros_type, "--qos", qos, "--count", "20", "--rate", "40"]
+                drivers[topic] = await start_peer(
+                    "pub", "--connect", endpoint, *argv, "--node", f"driver{i}", env=env
+                )
+            sent = {topic: (await answer(proc))["stamps_ns"] for topic, proc in drivers.items()}
+            async with asyncio.timeout(10):
+                while len(got["ros/sensors/fix"]) < 20 or len(got["ros/notes"]) < 20:
+                    await asyncio.sleep(0.02)
+            discovered = {r.topic: r for r in bridge.discovered}
+        for task in readers:
+            task.cancel()
+        for sub in subs.values():
+            await sub.close()
+    assert set(discovered) == {"/sensors/fix", "/sensors/imu", "/notes"}
+    assert discovered["/sensors/fix"].qos.reliable and not discovered["/sensors/imu"].qos.reliable
+    fix = got["ros/sensors/fix"]
+    assert [s.header.stamp_ns for s in fix] == sent["/sensors/fix"]  # reliable: every one, in order
+    assert fix[0].header.modality.name == "GPS" and fix[0].header.encoding == "cdr:sensor_msgs/msg/NavSatFix"
+    imu = got["ros/sensors/imu"]
+    assert len(imu) >= 18 and imu[0].header.modality.name == "IMU"
+    notes = got["ros/notes"]
+    assert notes[0].header.encoding == "cdr:eb_test_msgs/msg/Note"
+    assert [string_from_cdr(s.payload) for s in notes] == [f"note {t}" for t in sent["/notes"]]
+    assert got["ros/sensors/debug"] == [] and got["ros/other/fix"] == []

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import re
 import struct
 import subprocess
 import sys
@@ -584,3 +585,60 @@ def test_the_ros_bridge_command_hosts_the_router_and_bridges_until_interrupted(t
     assert proc.returncode == 0, err
     summary = json.loads(out)
     assert summary["from_ros"]["/chatter"] >= 1
+
+
+def test_graph_tokens_read_back_into_the_entities_they_announce() -> None:
+    from embodied_bus.rosmsg.rmw_graph import parse_token, qos_of_keyexpr
+    from embodied_bus.rosmsg.rmw_zenoh import (
+        SENSOR_DATA_QOS,
+        EntityKind,
+        QosProfile,
+        entity_token,
+        node_token,
+    )
+
+    latched = QosProfile.parse({"durability": "transient_local", "depth": 1})
+    for qos in (SENSOR_DATA_QOS, latched, QosProfile(depth=42)):
+        tok = entity_token(7, "ab12", 3, 9, EntityKind.PUBLISHER, "/robot1", "cam", "/robot1/image/raw",
+                           "sensor_msgs/msg/Image", "RIHS01_" + "0f" * 32, qos)  # fmt: skip
+        e = parse_token(tok)
+        assert (e.domain_id, e.zid, e.node_id, e.entity_id, e.kind) == (7, "ab12", 3, 9, EntityKind.PUBLISHER)
+        assert (e.namespace, e.node_name, e.topic) == ("/robot1", "cam", "/robot1/image/raw")
+        assert (e.ros_type, e.type_hash, e.qos) == ("sensor_msgs/msg/Image", "RIHS01_" + "0f" * 32, qos)
+    node = parse_token(node_token(0, "ab12", 1, "", "driver"))
+    assert (node.kind, node.namespace, node.node_name, node.topic) == (EntityKind.NODE, "", "driver", "")
+    expected = {"reliability": "best_effort", "durability": "transient_local", "depth": 5}
+    assert qos_of_keyexpr("2:1:,5:,:,:,,") == QosProfile.parse(expected)
+    for bad in ("0/chatter/x/y", "@ros2_lv/0/z/0/0/XX/%/%/n", "@ros2_lv/x/z/0/0/NN/%/%/n",
+                "@ros2_lv/0/z/0/1/MP/%/%/n/%t/std_msgs::msg::dds_::String_/h/fast"):  # fmt: skip
+        with pytest.raises(RmwZenohError):
+            parse_token(bad)
+
+
+def test_discover_selects_topics_by_pattern_and_refuses_bad_patterns_naming_the_key() -> None:
+    cfg = robot_config_from_dict(
+        {
+            "discover": {"allow": ["^/sensors/", "^/tf$"], "deny": ["debug"], "stream_prefix": "ros/"},
+            "publish": {"frames": [{"namespace": "/sensors/fused"}]},
+        }
+    )
+    sel = cfg.discover
+    assert sel is not None
+    admitted = [
+        t for t in ("/sensors/imu", "/tf", "/tf_static", "/sensors/debug/x", "/rosout") if sel.admits(t)
+    ]
+    assert admitted == ["/sensors/imu", "/tf"]
+    assert sel.stream_of("/sensors/imu") == "ros/sensors/imu" and sel.stream_of("/a/~b") is None
+    assert cfg.publishes("/sensors/fused/lidar") and not cfg.publishes("/sensors/imu")
+    assert robot_config_from_dict({}).discover is None
+    assert not robot_config_from_dict({"discover": {}}).discover.admits("/parameter_events")  # type: ignore[union-attr]
+    bad = {
+        "robot.discover.allow[1]: '(x' is not a regular expression": {"allow": ["a", "(x"]},
+        "robot.discover.deny: expected a list, got str": {"deny": "debug"},
+        "robot.discover.stream_prefix: 'a b/'": {"stream_prefix": "a b/"},
+        "robot.discover.qos: QoS 'fast'": {"qos": "fast"},
+        "robot.discover: unknown key 'topics'": {"topics": []},
+    }
+    for message, doc in bad.items():
+        with pytest.raises(RobotConfigError, match=re.escape(message)):
+            robot_config_from_dict({"discover": doc})

@@ -5,9 +5,11 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import sys
 
 from embodied_bus.bus import open_bus
 from embodied_bus.cli.common import add_bus_args, install_stop_signals
+from embodied_bus.model.qos import Backpressure, SubscriptionOptions
 from embodied_bus.model.sample import Sample
 
 __all__ = ["add_parser", "describe"]
@@ -26,6 +28,12 @@ def add_parser(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-ar
         help="exit with status 1 if no sample arrives for S seconds (0 = wait forever)",
     )
     p.add_argument("--json", action="store_true", help="one JSON object per line")
+    p.add_argument(
+        "--failover",
+        metavar="GROUP",
+        help="active/standby: of the echoes of this group only the oldest live one prints; when it "
+        "dies another takes over, with nothing lost (each sample acknowledged once printed)",
+    )
     p.set_defaults(func=run)
 
 
@@ -51,7 +59,14 @@ async def run(args: argparse.Namespace) -> int:
     stop = asyncio.Event()
     install_stop_signals(stop)
     async with open_bus(args.bus, namespace=args.ns) as bus:
-        sub = await bus.subscribe(args.stream)
+        options = None
+        if args.failover:
+            options = SubscriptionOptions(
+                capacity=1000, backpressure=Backpressure.BLOCK, auto_ack=False, failover_group=args.failover
+            )
+        sub = await bus.subscribe(args.stream, options=options)
+        if args.failover:
+            print(f"echo: a member of failover group {args.failover}", file=sys.stderr, flush=True)
         n = 0
         while not stop.is_set() and (args.count == 0 or n < args.count):
             try:
@@ -67,4 +82,5 @@ async def run(args: argparse.Namespace) -> int:
                 print(json.dumps(d), flush=True)
             else:
                 print(" ".join(f"{k}={v}" for k, v in d.items()), flush=True)
+            s.ack()  # printed (a no-op unless --failover)
     return 0

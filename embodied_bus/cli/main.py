@@ -3,7 +3,10 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
+import faulthandler
 import logging
+import signal
 import sys
 
 from embodied_bus import __version__
@@ -38,6 +41,8 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="embodied-bus",
         description="Robot middleware: sensor streams over Zenoh (embedded) and Apache Pulsar.",
+        epilog="A running command prints every thread's stack to stderr on SIGUSR1 "
+        "(kill -USR1 PID), to see where it waits.",
     )
     parser.add_argument("--version", action="version", version=f"embodied-bus {__version__}")
     parser.add_argument("-v", "--verbose", action="store_true", help="debug logging")
@@ -78,6 +83,8 @@ def main(argv: list[str] | None = None) -> int:
     if not getattr(args, "func", None):
         parser.print_help()
         return 2
+    with contextlib.suppress(AttributeError, OSError, ValueError):  # stderr without a file (embedded)
+        faulthandler.register(signal.SIGUSR1, all_threads=True)
     try:
         _, run = loop_runner()
         return int(run(args.func(args)) or 0)

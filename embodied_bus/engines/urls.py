@@ -32,11 +32,15 @@ from urllib.parse import SplitResult, parse_qs, urlsplit
 from embodied_bus.errors import BusConfigError
 
 __all__ = [
+    "COMMON_URL_OPTIONS",
     "DEFAULT_CONNECT_TIMEOUT_S",
     "DEFAULT_NAMESPACE",
     "DEFAULT_SHM_POOL_BYTES",
     "DEFAULT_URL",
+    "PULSAR_URL_OPTIONS",
+    "ZENOH_URL_OPTIONS",
     "PulsarSettings",
+    "UrlOption",
     "ZenohSettings",
     "parse_bus_url",
     "validate_namespace",
@@ -252,7 +256,7 @@ class _ParsedUrl:
     def check_known(self, engine: str, known: set[str]) -> None:
         unknown = set(self.options) - known
         if unknown:
-            every = sorted(known | {"ns", "timeout"})
+            every = sorted(known | {o.name for o in COMMON_URL_OPTIONS})
             raise BusConfigError(f"unknown {engine} URL option(s) {sorted(unknown)}; known: {every}")
 
 
@@ -280,20 +284,47 @@ def _parse(url: str, namespace: str | None, connect_timeout_s: float | None) -> 
     return _ParsedUrl(url, parts, query, last, namespace if namespace is not None else ns, timeout_s)
 
 
-_ZENOH_OPTIONS = {
-    "mode",
-    "listen",
-    "connect",
-    "scouting",
-    "shm",
-    "shm_pool",
-    "config",
-    "tls_ca",
-    "tls_cert",
-    "tls_key",
-    "mtls",
-}
-_PULSAR_OPTIONS = {"tenant", "pulsar_namespace", "tls_ca", "tls_allow_insecure", "token", "token_file"}
+@dataclass(frozen=True, slots=True)
+class UrlOption:
+    """One query option of a bus URL (``?name=value``), as the configuration reference lists it."""
+
+    name: str
+    meaning: str
+    default: str = ""
+
+
+#: Options of every bus URL.
+COMMON_URL_OPTIONS = (
+    UrlOption("ns", "Robot namespace (a command's `--ns` wins)", DEFAULT_NAMESPACE),
+    UrlOption("timeout", "Seconds to reach the router, peers or broker", f"{DEFAULT_CONNECT_TIMEOUT_S:g}"),
+)
+#: Options of ``zenoh:`` URLs.
+ZENOH_URL_OPTIONS = (
+    UrlOption("mode", "`peer`, `client` (of a router) or `router` (host one in this process)", "peer"),
+    UrlOption("listen", "Endpoints to listen on, comma-separated or repeated (`tcp/0.0.0.0:7447`)"),
+    UrlOption("connect", "Endpoints to connect to (`zenoh://host:port` adds one)"),
+    UrlOption("scouting", "`off` or `multicast` (LAN discovery)", "off"),
+    UrlOption("shm", "Shared memory for large payloads to processes on the same host, `1` or `0`", "1"),
+    UrlOption(
+        "shm_pool", "The shared-memory pool (bytes, or e.g. `64MiB`; `0`: Zenoh's own default)", "32MiB"
+    ),
+    UrlOption("config", "A Zenoh JSON5 config file applied first (access control, anything else)"),
+    UrlOption("tls_ca", "CA certificate (PEM) that peer and router certificates must chain to"),
+    UrlOption("tls_cert", "This session's certificate (PEM); with `tls_key`"),
+    UrlOption("tls_key", "The private key of `tls_cert`"),
+    UrlOption("mtls", "Require and present client certificates (mutual TLS), `1` or `0`", "0"),
+)
+#: Options of ``pulsar://`` and ``pulsar+ssl://`` URLs.
+PULSAR_URL_OPTIONS = (
+    UrlOption("tenant", "Pulsar tenant of the bus topics", "public"),
+    UrlOption("pulsar_namespace", "Pulsar namespace of the bus topics", "default"),
+    UrlOption("tls_ca", "CA bundle for `pulsar+ssl`"),
+    UrlOption("tls_allow_insecure", "Accept any broker certificate (testing only), `1` or `0`", "0"),
+    UrlOption("token", "Authentication token (JWT), inline"),
+    UrlOption("token_file", "A file holding the token"),
+)
+_ZENOH_OPTIONS = {o.name for o in ZENOH_URL_OPTIONS}
+_PULSAR_OPTIONS = {o.name for o in PULSAR_URL_OPTIONS}
 
 
 def _zenoh_settings(u: _ParsedUrl) -> ZenohSettings:

@@ -209,7 +209,24 @@ def _ms(where: str, value: float, *, allow_zero: bool = False, signed: bool = Fa
 
 
 class StreamDocument(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
-    """One input of a spec document (``fusion.streams.<name>``); times in milliseconds."""
+    """One input of a spec document (``fusion.streams.<name>``); times in milliseconds.
+
+    Attributes:
+        role: ``reference`` (exactly one: each of its samples anchors a frame), ``required`` or
+            ``optional``.
+        pick: ``nearest``, ``latest``, ``all``, ``hold_last`` or ``interpolate``; not on the
+            reference (none: ``nearest``).
+        window: ``all`` / ``latest`` picks: ``before`` (since the previous sweep), ``after`` (a
+            learned period on) or ``around`` (half a period either side; the default).
+        expected_period_ms: The reference's nominal period, used until its cadence is learned
+            (required of the reference; other streams need none).
+        max_skew_ms: ``nearest``, ``interpolate``: the farthest a pick may be from the reference
+            stamp (none: half a bucket).
+        max_age_ms: ``hold_last``: the oldest a held sample may be (none: one bucket).
+        clock_offset_ms: Added to this stream's stamps (a sensor clock known to be off).
+        max_delay_ms: A stream silent this long while the others moved this far past its last
+            sample is taken to have lost what it owes (none: the lateness bound).
+    """
 
     role: Role
     pick: Pick | None = None
@@ -269,7 +286,19 @@ class StreamDocument(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
 
 class SpecDocument(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
     """A fusion spec as written in YAML (the value under ``fusion:``); times in milliseconds.
-    ``streams`` maps each input's name to a :class:`StreamDocument`."""
+
+    Attributes:
+        streams: Each input by stream name (its keys in the next table).
+        bucket_width_ms: The bucket clock's width (the routing key); a worker refuses samples
+            bucketed with another clock.
+        bucket_offset_ms: Where bucket boundaries fall, past a multiple of the width.
+        lateness_ms: A stream is given up for a frame once the other streams are this far (event
+            time) past what the frame needs from it and it has been silent this long.
+        incomplete: ``emit`` partial frames with a missing mask, or ``drop`` them.
+        late_panes: Also emit late samples as late panes of their frame.
+        jump_ms: A stamp moving this far is reported as a jump (backwards: a restart).
+        name: Frames go to the stream ``frames/<name>``.
+    """
 
     streams: dict[str, Any]
     bucket_width_ms: float = 100.0

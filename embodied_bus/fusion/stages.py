@@ -21,18 +21,33 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import msgspec
 import numpy as np
 import yaml
 
 from embodied_bus.bus import Bus
 from embodied_bus.errors import BusConfigError, EncodingError
 from embodied_bus.fusion.codec import FRAME_ENCODING, decode_frame
+from embodied_bus.model.documents import convert_document
 from embodied_bus.model.header import Modality, validate_stream_name
 from embodied_bus.model.qos import Backpressure, PublisherOptions, SubscriptionOptions
 from embodied_bus.model.sample import Sample
 from embodied_bus.rosmsg.conversions import ConversionError, array_to_pointcloud2_cdr, sample_to_numpy
 
-__all__ = ["STAGE_OPS", "Output", "StageSpec", "StageStats", "load_stages", "make_stage", "run_stage"]
+__all__ = [
+    "STAGE_DOCUMENTS",
+    "STAGE_OPS",
+    "CropBoxDocument",
+    "MergeCloudsDocument",
+    "Output",
+    "StageDocument",
+    "StageSpec",
+    "StageStats",
+    "VoxelDownsampleDocument",
+    "load_stages",
+    "make_stage",
+    "run_stage",
+]
 
 _log = logging.getLogger("embodied_bus.stages")
 PC2 = "cdr:sensor_msgs/msg/PointCloud2"
@@ -60,6 +75,65 @@ class StageSpec:
     output: str
     op: str
     params: Mapping[str, Any] = field(default_factory=dict)
+
+
+class StageDocument(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
+    """An entry of ``stages:``, beside the keys of its op.
+
+    Attributes:
+        name: The stage's name (in logs and errors).
+        op: What it computes: ``voxel_downsample``, ``crop_box`` or ``merge_clouds``.
+        input: The stream it reads.
+        output: The stream it publishes.
+    """
+
+    name: str
+    op: str
+    input: str
+    output: str
+
+
+class VoxelDownsampleDocument(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
+    """``op: voxel_downsample``: PointCloud2 → PointCloud2 (x, y, z) on a voxel grid.
+
+    Attributes:
+        voxel_m: The grid's cell size, in metres (> 0).
+    """
+
+    voxel_m: float
+
+
+class CropBoxDocument(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
+    """``op: crop_box``: PointCloud2 → PointCloud2 of the points inside an axis-aligned box.
+
+    Attributes:
+        min_m: The box's lower corner ``[x, y, z]``, in metres.
+        max_m: The box's upper corner ``[x, y, z]``, in metres (above ``min_m`` on every axis).
+    """
+
+    min_m: list[float]
+    max_m: list[float]
+
+
+class MergeCloudsDocument(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
+    """``op: merge_clouds``: a fused frame → one PointCloud2 of its lidar members.
+
+    Attributes:
+        extrinsics: Each lidar stream's pose in the base frame, ``[x, y, z, roll, pitch, yaw]``
+            (metres, radians).
+        base_frame: The ``frame_id`` of the merged cloud.
+    """
+
+    extrinsics: dict[str, list[float]]
+    base_frame: str = "base_link"
+
+
+#: The keys each op takes besides those of :class:`StageDocument`.
+STAGE_DOCUMENTS: Mapping[str, type[msgspec.Struct]] = {
+    "voxel_downsample": VoxelDownsampleDocument,
+    "crop_box": CropBoxDocument,
+    "merge_clouds": MergeCloudsDocument,
+}
 
 
 @dataclass(slots=True)
@@ -199,7 +273,11 @@ def make_stage(spec: StageSpec) -> StageFn:
     op = STAGE_OPS.get(spec.op)
     if op is None:
         raise BusConfigError(f"stage {spec.name!r}: unknown op {spec.op!r}; known: {sorted(STAGE_OPS)}")
+    convert_document(dict(spec.params), STAGE_DOCUMENTS[spec.op], f"stage {spec.name!r}", BusConfigError)
     return op(spec.params)
+
+
+_COMMON_KEYS = frozenset(f.name for f in msgspec.structs.fields(StageDocument))
 
 
 def load_stages(path: str | Path) -> list[StageSpec]:
@@ -220,16 +298,15 @@ def load_stages(path: str | Path) -> list[StageSpec]:
         where = f"{path}: stages[{i}]"
         if not isinstance(item, Mapping):
             raise BusConfigError(f"{where}: expected a mapping")
-        missing = [k for k in ("name", "input", "output", "op") if k not in item]
-        if missing:
-            raise BusConfigError(f"{where}: missing {', '.join(missing)}")
-        for key in ("input", "output"):
+        common = {k: v for k, v in item.items() if k in _COMMON_KEYS}
+        d = convert_document(common, StageDocument, where, BusConfigError)
+        for key, stream in (("input", d.input), ("output", d.output)):
             try:
-                validate_stream_name(str(item[key]))
+                validate_stream_name(stream)
             except ValueError as err:
                 raise BusConfigError(f"{where}.{key}: {err}") from None
-        params = {k: v for k, v in item.items() if k not in ("name", "input", "output", "op")}
-        spec = StageSpec(str(item["name"]), str(item["input"]), str(item["output"]), str(item["op"]), params)
+        params = {k: v for k, v in item.items() if k not in _COMMON_KEYS}
+        spec = StageSpec(d.name, d.input, d.output, d.op, params)
         make_stage(spec)  # validate now, not at the first message
         out.append(spec)
     return out

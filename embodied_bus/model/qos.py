@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import enum
+import re
 from dataclasses import dataclass
 
 from embodied_bus.errors import BusConfigError
@@ -10,6 +11,7 @@ from embodied_bus.errors import BusConfigError
 __all__ = [
     "DEFAULT_CAPACITY",
     "DEFAULT_MAX_PAYLOAD_BYTES",
+    "FAILOVER_GROUP_RE",
     "Backpressure",
     "PublisherOptions",
     "SubscriptionOptions",
@@ -19,6 +21,8 @@ __all__ = [
 DEFAULT_CAPACITY = 64
 #: Default largest payload a publisher accepts, in bytes (64 MiB).
 DEFAULT_MAX_PAYLOAD_BYTES = 64 * 1024 * 1024
+#: What a failover group may be named (it becomes part of key expressions and topic names).
+FAILOVER_GROUP_RE = re.compile(r"^[A-Za-z0-9_.\-]+$")
 
 
 class Backpressure(str, enum.Enum):
@@ -97,6 +101,14 @@ class SubscriptionOptions:
             given inclusive hash ranges of [0, 65535]; the same ranges apply on every topic.
         max_payload_bytes: Larger samples are rejected and counted as malformed (a hostile or
             broken publisher cannot fill the buffer with huge payloads).
+        failover_group: Active/standby: of the subscriptions with this group name (in any
+            process), exactly one live member receives the stream; when it goes away another
+            takes over. Zenoh: the oldest member is active; standbys hold what it has not yet
+            reported handled (up to ``capacity`` samples) and deliver that when they take over,
+            so a takeover repeats at most the last 100 ms. Pulsar: a Failover subscription named
+            ``subscription_name`` (default ``failover-<group>``) whose active consumer the broker
+            picks (a member that joins may become it); what the active member had not
+            acknowledged is redelivered to the next.
     """
 
     capacity: int = DEFAULT_CAPACITY
@@ -106,6 +118,7 @@ class SubscriptionOptions:
     auto_ack: bool = True
     key_shared_ranges: tuple[tuple[int, int], ...] | None = None
     max_payload_bytes: int = DEFAULT_MAX_PAYLOAD_BYTES
+    failover_group: str | None = None
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "backpressure", Backpressure.parse(self.backpressure))
@@ -119,3 +132,10 @@ class SubscriptionOptions:
                     raise BusConfigError(f"key_shared_ranges: ({lo}, {hi}) is not within [0, 65535]")
             if self.subscription_name is None:
                 raise BusConfigError("key_shared_ranges needs a subscription_name shared by the consumers")
+        if self.failover_group is not None:
+            if not FAILOVER_GROUP_RE.match(self.failover_group):
+                raise BusConfigError(
+                    f"failover_group {self.failover_group!r}: use letters, digits, '_', '-' and '.'"
+                )
+            if self.key_shared_ranges is not None:
+                raise BusConfigError("a subscription is Key_Shared or failover, not both")

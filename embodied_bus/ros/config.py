@@ -22,6 +22,7 @@ from embodied_bus.errors import BusConfigError
 from embodied_bus.fusion.spec import FusionSpec, spec_from_dict
 from embodied_bus.model.clock import BucketClock
 from embodied_bus.model.documents import convert_document
+from embodied_bus.ros.discovery import DiscoverDocument, TopicSelection
 from embodied_bus.rosmsg.rmw_zenoh import DEFAULT_ROUTER_ENDPOINT, QosProfile, RmwZenohError
 
 __all__ = [
@@ -188,6 +189,8 @@ class RobotConfig:
     clock: BucketClock = field(default_factory=BucketClock)
     #: Keys and allow-list that seal the robot's action queue; None: unsealed.
     security: SecurityPaths | None = None
+    #: Topics taken from ROS as the graph shows them (besides ``inbound``); None: only those.
+    discover: TopicSelection | None = None
 
     def resolved(self) -> RobotConfig:
         """Every ROS name made absolute under the bridge node's namespace (``ros.namespace``), as
@@ -203,6 +206,17 @@ class RobotConfig:
             submit_topic=resolve_name(self.submit_topic, ns),
             results_topic=resolve_name(self.results_topic, ns),
         )
+
+    def resolved_under(self, namespace: str) -> RobotConfig:
+        """:meth:`resolved` for a node in ``namespace`` (an rclpy node's own, e.g. from ``__ns``)."""
+        return replace(self, ros=replace(self.ros, namespace=namespace)).resolved()
+
+    def publishes(self, topic: str) -> bool:
+        """Whether the bridge publishes ``topic`` into ROS (``publish:`` streams and frames, the
+        action results): discovery never takes such a topic back onto the bus."""
+        if topic == self.results_topic or any(r.topic == topic for r in self.outbound):
+            return True
+        return any(topic == r.diagnostics or topic.startswith(r.namespace + "/") for r in self.frames)
 
     def bus_url(self, override: str | None = None) -> str:
         """The bus to use: ``override``, else ``bus:``, else ``$EMBODIED_BUS_URL``, else the
@@ -251,7 +265,20 @@ def _doc(doc: Any, cls: type[_D], where: str) -> _D:
 
 
 class RosDocument(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
-    """``ros:`` of the robot YAML."""
+    """``ros:`` of the robot YAML: how the bridge joins the ROS 2 graph.
+
+    Attributes:
+        domain_id: ROS domain, 0..232 (none: ``$ROS_DOMAIN_ID``, else 0).
+        distro: Type hashes of this distribution: ``jazzy`` or newer (``humble`` is refused: it
+            cannot interoperate over rmw_zenoh).
+        node_name: The bridge's ROS node name.
+        namespace: The bridge node's ROS namespace; relative topic names resolve under it.
+        connect: Zenoh endpoints of the robot's router (rmw_zenoh's default).
+        host_router: Host the Zenoh router in the bridge on this endpoint instead (rmw_zenoh
+            nodes then need no ``rmw_zenohd``).
+        interfaces: Directories of ``<pkg>/<msg|srv|action>/<Name>.<ext>`` for types the
+            distribution lacks, relative to the YAML (searched before ``$AMENT_PREFIX_PATH``).
+    """
 
     domain_id: int | None = None
     distro: str = "jazzy"
@@ -287,11 +314,20 @@ class RosDocument(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
 
 class TopicDocument(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
     """A ROS topic of a stream: ``streams.<stream>`` (inbound), or an entry of
-    ``publish.streams`` (outbound, which names its ``stream``)."""
+    ``publish.streams`` (outbound, which names its ``stream``).
+
+    Attributes:
+        topic: ROS topic: ``/a/b``, or ``a/b`` under the bridge node's namespace.
+        type: ROS type, ``pkg/msg/Name``.
+        qos: ``sensor_data``, ``default``, ``reliable``, ``best_effort`` or a mapping
+            ``{reliability, durability, history, depth}`` (none: ``sensor_data`` from ROS,
+            ``default`` to ROS).
+        stream: The bus stream to publish.
+    """
 
     topic: str
     type: str
-    qos: Any = None
+    qos: str | dict[str, Any] | None = None
     stream: str | None = None
 
     def route(self, stream: str, where: str, default_qos: str) -> TopicRoute:
@@ -304,7 +340,14 @@ class TopicDocument(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
 
 
 class FramesDocument(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
-    """An entry of ``publish.frames``."""
+    """An entry of ``publish.frames``: fused frames → ROS.
+
+    Attributes:
+        stream: Bus stream of the fused frames.
+        namespace: Each member goes out on ``<namespace>/<stream>`` with its original type and stamp.
+        diagnostics: Frame statistics as ``diagnostic_msgs/DiagnosticArray`` (none:
+            ``<namespace>/diagnostics``).
+    """
 
     stream: str = "frames/fused"
     namespace: str = "/fused"
@@ -317,14 +360,25 @@ class FramesDocument(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
 
 
 class PublishDocument(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
-    """``publish:`` of the robot YAML."""
+    """``publish:`` of the robot YAML: bus → ROS.
+
+    Attributes:
+        streams: Bus streams → ROS topics (entries: ``stream``, ``topic``, ``type``, ``qos``).
+        frames: Fused frames → ROS topics.
+    """
 
     streams: list[Any] | None = None
     frames: list[Any] | None = None
 
 
 class RouteDocument(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
-    """``actions.routes.<kind>``."""
+    """``actions.routes.<kind>`` and ``actions.offer.<kind>``.
+
+    Attributes:
+        action: ROS 2 action name.
+        type: ROS 2 action type, ``pkg/action/Name``.
+        timeout_s: Longest a goal may run, in seconds.
+    """
 
     action: str
     type: str
@@ -340,7 +394,14 @@ class RouteDocument(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
 
 
 class ActionsDocument(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
-    """``actions:`` of the robot YAML."""
+    """``actions:`` of the robot YAML: the queue ↔ ROS 2.
+
+    Attributes:
+        submit_topic: ROS topic (``std_msgs/msg/String``, JSON) where ROS-side planners submit actions.
+        results_topic: ROS topic where the bridge reports action outcomes (JSON).
+        routes: Queue actions of a kind → a ROS 2 action server, by kind.
+        offer: Queue kinds served as ROS 2 action servers to ROS 2 action clients, by kind.
+    """
 
     submit_topic: str = DEFAULT_SUBMIT_TOPIC
     results_topic: str = DEFAULT_RESULTS_TOPIC
@@ -349,7 +410,13 @@ class ActionsDocument(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
 
 
 class ClockDocument(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
-    """``clock:`` of the robot YAML: the bucket clock of its publishers, in milliseconds."""
+    """``clock:`` of the robot YAML: the bucket clock of its publishers; must agree with the
+    fusion spec's.
+
+    Attributes:
+        bucket_width_ms: Bucket width, in milliseconds.
+        bucket_offset_ms: Where bucket boundaries fall, in milliseconds past a multiple of the width.
+    """
 
     bucket_width_ms: float
     bucket_offset_ms: float = 0.0
@@ -377,7 +444,20 @@ def _clock(d: RobotDocument, fusion: FusionSpec | None, where: str) -> BucketClo
 
 
 class RobotDocument(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
-    """The robot YAML; each section is checked as its own document (errors name the entry)."""
+    """The robot YAML; each section is checked as its own document (errors name the entry).
+
+    Attributes:
+        bus: Bus URL of the robot's processes (none: ``$EMBODIED_BUS_URL``, else ``zenoh:``).
+        clock: The bucket clock of the robot's publishers (none: the fusion spec's, else 100 ms).
+        namespace: Bus namespace of this robot (none: ``default``).
+        ros: How the bridge joins the ROS 2 graph.
+        streams: ROS topics → bus streams, keyed by stream name.
+        publish: Bus streams and fused frames → ROS.
+        fusion: A fusion spec (its own table).
+        actions: Actions between the queue and ROS 2.
+        security: Seal the robot's action queue (none: unsealed).
+        discover: ROS topics chosen by pattern, with types from the graph (besides ``streams``).
+    """
 
     bus: str | None = None
     clock: Any = None
@@ -388,10 +468,19 @@ class RobotDocument(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
     fusion: Any = None
     actions: Any = None
     security: Any = None
+    discover: Any = None
 
 
 class SecurityDocument(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
-    """``security:`` of the robot YAML."""
+    """``security:`` of the robot YAML (``embodied-bus keys init`` writes it); paths relative to
+    the YAML.
+
+    Attributes:
+        allow_list: Who may do what.
+        queue_key: The queue service's key.
+        planner_key: The bridges' planner key (ROS submissions, offered kinds).
+        executor_key: The bridges' executor key (routed kinds).
+    """
 
     allow_list: str
     queue_key: str | None = None
@@ -428,11 +517,8 @@ def robot_config_from_dict(
     """
     d = _doc(doc, RobotDocument, where)
     link = _doc(d.ros, RosDocument, f"{where}.ros").link(f"{where}.ros", base)
-    inbound = [
-        _doc(opts, TopicDocument, w).route(str(stream), w, "sensor_data")
-        for stream, opts in (d.streams or {}).items()
-        for w in [f"{where}.streams.{stream}"]
-    ]
+    streams = (d.streams or {}).items()
+    inbound = [_inbound(str(stream), opts, f"{where}.streams.{stream}") for stream, opts in streams]
     pub = _doc(d.publish, PublishDocument, f"{where}.publish")
     outbound = []
     for i, item in enumerate(pub.streams or []):
@@ -476,7 +562,26 @@ def robot_config_from_dict(
             if d.security is not None
             else None
         ),
+        discover=_discover(d.discover, f"{where}.discover"),
     )
+
+
+def _inbound(stream: str, doc: Any, where: str) -> TopicRoute:
+    t = _doc(doc, TopicDocument, where)
+    if t.stream is not None and t.stream != stream:
+        raise RobotConfigError(f"{where}.stream: the key names the stream ({stream!r}); delete stream:")
+    return t.route(stream, where, "sensor_data")
+
+
+def _discover(doc: Any, where: str) -> TopicSelection | None:
+    if doc is None:
+        return None
+    try:
+        return _doc(doc, DiscoverDocument, where).selection(where)
+    except BusConfigError as err:
+        if isinstance(err, RobotConfigError):
+            raise
+        raise RobotConfigError(str(err)) from None
 
 
 def load_robot_config(path: str | Path) -> RobotConfig:

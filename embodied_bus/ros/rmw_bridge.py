@@ -53,12 +53,20 @@ from embodied_bus.ros.bridge_core import (
     string_from_cdr,
 )
 from embodied_bus.ros.config import FrameRoute, RobotConfig, TopicRoute
+from embodied_bus.ros.discovery import TopicSelection
 from embodied_bus.ros.rmw_actions import QueueActionServer, RosActionClient, route_handler
 from embodied_bus.ros.rmw_node import LoopHandoff, RmwNode, RosPublisher
 from embodied_bus.ros.rmw_session import open_rmw_session, rmw_session_config
 from embodied_bus.ros.sealing import bridge_credentials
 from embodied_bus.rosmsg.interfaces import Interfaces
-from embodied_bus.rosmsg.rmw_zenoh import DEFAULT_QOS, QosProfile, RmwZenohError, unpack_attachment
+from embodied_bus.rosmsg.rmw_graph import GraphEntity, graph_keyexpr, parse_token
+from embodied_bus.rosmsg.rmw_zenoh import (
+    DEFAULT_QOS,
+    EntityKind,
+    QosProfile,
+    RmwZenohError,
+    unpack_attachment,
+)
 from embodied_bus.rosmsg.types import modality_of
 from embodied_bus.streams.publisher import Publisher
 
@@ -115,6 +123,8 @@ class RmwZenohBridge:
         self.interfaces = Interfaces(config.ros.distro, config.ros.interfaces)
         #: Action routes and offers left out, one message each (type not found).
         self.problems: list[str] = []
+        #: Topics bridged from the graph by ``discover:``, in the order they appeared.
+        self.discovered: list[TopicRoute] = []
         self._loop: asyncio.AbstractEventLoop | None = None
         self._tasks: list[asyncio.Task[None]] = []
         self._servers: list[QueueActionServer] = []
@@ -155,14 +165,9 @@ class RmwZenohBridge:
             self.session = await open_rmw_session(link)
         self.node = RmwNode(self.session, link, self.interfaces)
         for route in self.config.inbound:
-            pub = await self.bus.publisher(
-                route.stream,
-                modality=modality_of(route.ros_type),
-                encoding=f"cdr:{route.ros_type}",
-                clock=self.config.clock,
-                options=PublisherOptions(backpressure=bus_backpressure(route.qos)),
-            )
-            self._subscribe_ros(route, pub)
+            self._subscribe_ros(route, await self._bus_publisher(route))
+        if self.config.discover is not None:
+            self._watch_graph(self.config.discover)
         self._declare_known_publishers()
         for route in self.config.outbound:
             self._tasks.append(asyncio.create_task(self._forward_stream(route)))
@@ -219,7 +224,69 @@ class RmwZenohBridge:
         if self.planner is not None:
             self._ros_publisher(self.config.results_topic, _STRING_TYPE)
 
-    def _subscribe_ros(self, route: TopicRoute, pub: Publisher) -> None:
+    async def _bus_publisher(self, route: TopicRoute) -> Publisher:
+        return await self.bus.publisher(
+            route.stream,
+            modality=modality_of(route.ros_type),
+            encoding=f"cdr:{route.ros_type}",
+            clock=self.config.clock,
+            options=PublisherOptions(backpressure=bus_backpressure(route.qos)),
+        )
+
+    def _watch_graph(self, selection: TopicSelection) -> None:
+        """Bridge each topic another node publishes that ``selection`` admits, as the graph
+        announces it (publishers there before the bridge included)."""
+        loop, node = self._loop, self.node
+        assert loop is not None and node is not None
+        routed = {r.topic: r.ros_type for r in self.config.inbound}
+        handoff = LoopHandoff(loop, lambda entity: self._discovered(selection, routed, entity))
+
+        def on_token(sample: zenoh.Sample) -> None:
+            if sample.kind != zenoh.SampleKind.PUT:
+                return
+            try:
+                entity = parse_token(str(sample.key_expr))
+            except RmwZenohError:
+                return  # not an rmw_zenoh entity token
+            if entity.kind is EntityKind.PUBLISHER and entity.zid != node.zid:
+                handoff.put(entity)
+
+        key = graph_keyexpr(self.config.ros.domain_id)
+        node.keep(self.session.liveliness().declare_subscriber(key, on_token, history=True))
+
+    def _discovered(self, selection: TopicSelection, routed: dict[str, str], entity: GraphEntity) -> None:
+        if self.config.publishes(entity.topic):
+            return  # the bridge's own output (another process may publish it, e.g. frame_bridge)
+        known = routed.get(entity.topic)
+        if known is not None:
+            if known != entity.ros_type:
+                self._warn_once(
+                    f"type:{entity.topic}",
+                    f"{entity.topic} is published as {entity.ros_type} by /{entity.node_name} too; "
+                    f"the bridge takes it as {known} only",
+                )
+            return
+        if not selection.admits(entity.topic):
+            return
+        stream = selection.stream_of(entity.topic)
+        if stream is None:
+            self._warn_once(entity.topic, f"{entity.topic} makes no bus stream name; not bridged")
+            return
+        routed[entity.topic] = entity.ros_type
+        route = TopicRoute(entity.topic, entity.ros_type, stream, selection.qos_for(entity.qos))
+        self._tasks.append(asyncio.create_task(self._bridge_discovered(route, entity.type_hash)))
+
+    async def _bridge_discovered(self, route: TopicRoute, type_hash: str) -> None:
+        try:
+            pub = await self._bus_publisher(route)
+        except Exception as err:  # keep serving the other topics; say what failed
+            self._warn_once(route.stream, f"cannot bridge discovered {route.topic}: {err}")
+            return
+        self._subscribe_ros(route, pub, type_hash)
+        self.discovered.append(route)
+        _log.info("discovered %s (%s) -> stream %s", route.topic, route.ros_type, route.stream)
+
+    def _subscribe_ros(self, route: TopicRoute, pub: Publisher, type_hash: str | None = None) -> None:
         loop = self._loop
         assert loop is not None and self.node is not None
         distro = self.config.ros.distro
@@ -246,7 +313,7 @@ class RmwZenohBridge:
                     stamp, fallback = a.source_timestamp_ns or time.time_ns(), True
             handoff.put((payload, stamp, frame_id, fallback))
 
-        self.node.subscribe(route.topic, route.ros_type, route.qos, on_sample)
+        self.node.subscribe(route.topic, route.ros_type, route.qos, on_sample, type_hash=type_hash)
 
     def _publish_in(
         self, route: TopicRoute, pub: Publisher, payload: bytes, stamp_ns: int, frame_id: str, fallback: bool

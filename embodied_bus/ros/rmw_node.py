@@ -246,10 +246,17 @@ class RmwNode:
         return pub
 
     def subscribe(
-        self, topic: str, ros_type: str, qos: QosProfile, on_sample: Callable[[zenoh.Sample], None]
+        self,
+        topic: str,
+        ros_type: str,
+        qos: QosProfile,
+        on_sample: Callable[[zenoh.Sample], None],
+        *,
+        type_hash: str | None = None,
     ) -> None:
-        """A subscriber on a ROS topic (``on_sample`` runs on a Zenoh thread)."""
-        hash_ = self.interfaces.hash(ros_type)
+        """A subscriber on a ROS topic (``on_sample`` runs on a Zenoh thread); ``type_hash`` as a
+        publisher announced it, for types this distribution does not define (else looked up)."""
+        hash_ = type_hash or self.interfaces.hash(ros_type)
         key = topic_key(self.link.domain_id, topic, ros_type, hash_)
         if qos.durability is Durability.TRANSIENT_LOCAL:
             # as rmw_zenoh: ask late-detected publishers for their cached samples

@@ -128,8 +128,12 @@ class PulsarEngine(Engine):
         self, stream: str | tuple[str, ...] | None, sink: MessageSink, options: SubscriptionOptions
     ) -> EngineSubscriber:
         self._check()
-        ephemeral = options.subscription_name is None
-        name = options.subscription_name or f"eb-{uuid.uuid4().hex[:12]}"
+        group = options.failover_group
+        if group is not None:  # one durable subscription shared by the group's members
+            name = options.subscription_name or f"failover-{group}"
+        else:
+            name = options.subscription_name or f"eb-{uuid.uuid4().hex[:12]}"
+        ephemeral = options.subscription_name is None and group is None
         topic: Any
         if stream is None:
             topic = stream_pattern(self.settings)
@@ -144,6 +148,12 @@ class PulsarEngine(Engine):
             "max_pending_chunked_message": MAX_PENDING_CHUNKED,
             "auto_ack_oldest_chunked_message_on_queue_full": False,
         }
+        if group is not None:
+            # the broker makes the consumer whose name sorts first active, and moves the
+            # subscription to a newcomer that sorts before it: names sort by join time, so the
+            # oldest member stays active and a member that joins later stands by
+            kwargs["consumer_type"] = pulsar.ConsumerType.Failover
+            kwargs["consumer_name"] = f"{time.time_ns():020d}-{uuid.uuid4().hex[:8]}"
         if options.key_shared_ranges is not None:
             kwargs["consumer_type"] = pulsar.ConsumerType.KeyShared
             kwargs["key_shared_policy"] = pulsar.ConsumerKeySharedPolicy(

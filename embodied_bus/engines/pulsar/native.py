@@ -112,6 +112,8 @@ def subscribe_pattern(client: pulsar.Client, pattern: re.Pattern[str], name: str
         )
         if "key_shared_policy" in kwargs:
             conf.key_shared_policy(kwargs["key_shared_policy"].policy())
+        if "consumer_name" in kwargs:
+            conf.consumer_name(kwargs["consumer_name"])
         schema = pulsar.schema.BytesSchema()
         conf.schema(schema.schema_info())
         conf.pattern_auto_discovery_period(PATTERN_DISCOVERY_S)

@@ -11,6 +11,7 @@ import json
 import logging
 import time
 from collections.abc import Callable
+from functools import partial
 from typing import Any
 
 import zenoh
@@ -31,6 +32,7 @@ from embodied_bus.engines.zenoh.config import (
     init_logging,
     stream_key,
 )
+from embodied_bus.engines.zenoh.failover import open_failover
 from embodied_bus.engines.zenoh.publisher import ZenohPublisher
 from embodied_bus.engines.zenoh.subscriber import ZenohGroup, ZenohMulti, ZenohSubscriber
 from embodied_bus.engines.zenoh.tuning import CLOSE_TIMEOUT_S, REQUEST_GRACE_S
@@ -105,6 +107,13 @@ class ZenohEngine(Engine):
         self._check()
         if options.key_shared_ranges is not None:
             raise BusConfigError("key_shared_ranges is a Pulsar option; on Zenoh use the ownership ring")
+        if options.failover_group is not None:
+            return await open_failover(
+                self, options.failover_group, sink, options.capacity, partial(self._subscribe, stream)
+            )
+        return await self._subscribe(stream, sink)
+
+    async def _subscribe(self, stream: str | tuple[str, ...] | None, sink: MessageSink) -> EngineSubscriber:
         if isinstance(stream, tuple):
             return ZenohMulti([ZenohSubscriber(self, self.key(s), sink) for s in stream])
         return ZenohSubscriber(self, self.key(stream), sink)
