@@ -13,6 +13,8 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import queue
+import threading
 import time
 import uuid
 from pathlib import Path
@@ -42,10 +44,18 @@ LOSS_GRACE_S = 0.25
 
 
 class _BusEvents:
-    """The core's events as Zenoh notifications."""
+    """The core's events as Zenoh notifications.
+
+    Pushes are sent with congestion control ``BLOCK`` (a push dropped under congestion would
+    wait for its lease to expire), from a thread of their own, in order: a push to an executor
+    whose link is cut may wait until the link comes back or is closed, and must not hold the
+    thread that answers every other request meanwhile (the core runs on Zenoh's threads).
+    """
 
     def __init__(self, bus: Bus) -> None:
         self.bus = bus
+        self._pushes: queue.SimpleQueue[tuple[str, bytes] | None] = queue.SimpleQueue()
+        self._pusher: threading.Thread | None = None
 
     def _notify(self, topic: str, payload: bytes, *, block: bool = False) -> None:
         try:
@@ -60,8 +70,20 @@ class _BusEvents:
         self._notify(f"actions/wake/{kind}", b"")
 
     def push(self, executor: str, payload: bytes) -> None:
-        # block: a push dropped under congestion would wait for its lease to expire
-        self._notify(f"actions/assign/{executor}", payload, block=True)
+        if self._pusher is None:
+            self._pusher = threading.Thread(target=self._send_pushes, name="eb-queue-push", daemon=True)
+            self._pusher.start()
+        self._pushes.put((f"actions/assign/{executor}", payload))
+
+    def _send_pushes(self) -> None:
+        while (item := self._pushes.get()) is not None:
+            self._notify(*item, block=True)
+
+    def close(self) -> None:
+        """Stop the push thread once it has sent what is queued (it is a daemon: a push stuck
+        on a dead link does not hold the process)."""
+        if self._pusher is not None:
+            self._pushes.put(None)
 
 
 class QueueService:
@@ -91,9 +113,10 @@ class QueueService:
         trust: Trust | None = None,
     ) -> None:
         self.bus = bus
+        self._events = _BusEvents(bus)
         self.core = QueueCore(
             ActionStore(db_path, policy, keep_ended=keep_ended),
-            _BusEvents(bus),
+            self._events,
             loss_grace_s=LOSS_GRACE_S,
             sealer=sealer,
             trust=trust,
@@ -162,3 +185,4 @@ class QueueService:
             await me.leave()
             await executors.leave()
             core.close()
+            self._events.close()

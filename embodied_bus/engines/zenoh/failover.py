@@ -156,12 +156,12 @@ class FailoverSubscriber(EngineSubscriber):
         self.group = group
         self._listener = listener
         self._reporter: asyncio.Task[None] | None = None
-        self._send: Callable[..., None] = lambda block=False: None
+        self._send: Callable[[], None] = lambda: None
 
     def start_reports(self, engine: ZenohEngine, topic: str) -> None:
-        def send(block: bool = False) -> None:
+        def send() -> None:
             if self.gate.active:
-                engine.notify(topic, encode_progress(self.gate.progress()), block=block)
+                engine.notify(topic, encode_progress(self.gate.progress()))
 
         async def report() -> None:
             while True:
@@ -174,7 +174,7 @@ class FailoverSubscriber(EngineSubscriber):
     async def close(self) -> None:
         if self._reporter is not None:
             self._reporter.cancel()
-            self._send(block=True)  # leaving in order: the next member repeats nothing
+            self._send()  # leaving in order: the next member repeats nothing
         await self.group.leave()
         self._listener.undeclare()
         await self.inner.close()
