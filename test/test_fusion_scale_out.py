@@ -205,13 +205,14 @@ async def test_ring_workers_stopping_at_the_same_moment_publish_each_pending_fra
                     await every()
                 await asyncio.sleep(0.05)
 
-        # a worker that saw the others when it started joins on its first sample (repeated
-        # until every worker's input subscription has matched: a duplicate changes nothing)
+        # the first sweep, repeated until every worker's input subscription has matched and has
+        # it (a duplicate changes nothing); a worker that joins a running ring does so then
         await until(
-            lambda: all(w.ring is not None and w.ring.joined for w in workers),
-            "not all joined",
+            lambda: all(stamps[0] in w.assembler.pending_stamps for w in workers),
+            "the first sweep did not reach every worker",
             lambda: lidar.publish(b"x", stamp_ns=stamps[0]),
         )
+        await until(lambda: all(w.ring is not None and w.ring.joined for w in workers), "not all joined")
         await until(lambda: all(len(w.ring.members()) == 3 for w in workers if w.ring), "ring not formed")
         for stamp in stamps[1:]:
             await lidar.publish(b"x", stamp_ns=stamp)

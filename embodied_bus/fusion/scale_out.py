@@ -299,14 +299,27 @@ class Ring(Grouped):
         tasks = await super().start(inputs, stop)
         assert self.ring is not None
         tasks.append(asyncio.create_task(self._take_over()))
-        if not await self.ring.watch():
-            await self.ring.join(None)  # first worker: own everything from the start
+        if self._starting_together(await self.ring.watch()):
+            await self.ring.join(None)  # own everything from the start, as the others do
             # workers started together may each have found no other and joined from the start
             # too: see them before the first frame, so that each bucket has one owner
             await asyncio.sleep(COLD_SETTLE_S)
         w = self.worker
         tasks.append(asyncio.create_task(w.pump(await w.open_inputs(inputs))))
         return tasks
+
+    def _starting_together(self, others: list[str]) -> bool:
+        """Whether this worker joins from the start: no other is there, or every other joined
+        from the start and no frame has come yet (they started a moment before this one,
+        before any data). Joining a running ring from an event time a margin ahead instead
+        relies on that margin lasting longer than the news of the join takes to spread, which a
+        replay at full speed outruns."""
+        assert self.ring is not None
+        if not others:
+            return True
+        self.drain_published()
+        members = self.ring.members()
+        return not self.published_frames and all(members.get(m) is None for m in others)
 
     async def after_push(self, sample: Sample) -> None:
         ring = self.ring
