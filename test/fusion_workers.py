@@ -126,7 +126,12 @@ def assert_one_workers_frames(
 ) -> list[int]:
     """Each frame once, each with the members computed offline, none lost. The lost ones."""
     keys = [f.reference_stamp_ns for f in frames]
-    assert len(keys) == len(set(keys)), "a frame was published twice"
+    twice = sorted({i for i, k in enumerate(keys) if keys.count(k) > 1})
+    order = sorted(set(keys))
+    assert not twice, (
+        f"frames published twice: arrival index {twice}, frame index "
+        f"{sorted({order.index(keys[i]) for i in twice})} of {len(order)}; worker summaries {summaries}"
+    )
     got = {f.reference_stamp_ns: frame_record(f) for f in frames}
     differ = {k: (got[k], expected.get(k)) for k in got if got[k] != expected.get(k)}
     assert not differ, (

@@ -239,6 +239,11 @@ class GroupMembership(abc.ABC):
     async def leave(self) -> None:
         """Withdraw this member (others see it leave) and stop watching."""
 
+    async def refresh(self) -> None:
+        """Ask for the members alive now and add any this view missed (a join announced while
+        the network was still forming); a no-op where the view cannot miss one."""
+        return
+
     def healthy(self) -> bool:
         """Whether this view is up to date now (on engines whose membership is a heartbeat,
         this member's own heartbeats come back)."""

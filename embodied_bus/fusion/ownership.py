@@ -182,6 +182,12 @@ class OwnershipRing:
         """Whether this worker announced itself."""
         return self._joined
 
+    async def refresh(self) -> None:
+        """Ask the group who is alive now and add those this view missed."""
+        if self._handle is not None:
+            await self._handle.refresh()
+            await asyncio.sleep(0)  # the arrivals it found are taken in (call_soon_threadsafe)
+
     def members(self) -> dict[str, int | None]:
         """Live workers and the bucket each owns from."""
         return dict(self._members)

@@ -32,6 +32,7 @@ __all__ = [
     "COLD_SETTLE_S",
     "HANDOVER_CONFIRM_S",
     "HELD_FRAMES_S",
+    "REFRESH_S",
     "TAKEOVER_GRACE_S",
     "Grouped",
     "HeldFrames",
@@ -53,6 +54,8 @@ COLD_SETTLE_S = 0.5
 #: How long a ring worker lets the frames a departed worker sent arrive before it publishes
 #: the ones it did not, seconds.
 TAKEOVER_GRACE_S = 0.3
+#: How often a ring worker asks the group who is alive, in seconds.
+REFRESH_S = 1.0
 #: Recent frames remembered for group bookkeeping.
 RECENT_FRAMES = 4096
 #: Frames another worker publishes are held at most this long (wall clock) in case it dies,
@@ -302,11 +305,23 @@ class Ring(Grouped):
         if self._starting_together(await self.ring.watch()):
             await self.ring.join(None)  # own everything from the start, as the others do
             # workers started together may each have found no other and joined from the start
-            # too: see them before the first frame, so that each bucket has one owner
+            # too: see them before the first frame, so that each bucket has one owner (and ask
+            # the group once more: a join announced while the peers were still meeting can be
+            # missed by the watch)
             await asyncio.sleep(COLD_SETTLE_S)
+            await self.ring.refresh()
         w = self.worker
+        tasks.append(asyncio.create_task(self._refresh_members()))
         tasks.append(asyncio.create_task(w.pump(await w.open_inputs(inputs))))
         return tasks
+
+    async def _refresh_members(self) -> None:
+        """Ask the group who is alive every :data:`REFRESH_S`, so a join this worker missed
+        (announced while the peers were still meeting) is seen within that."""
+        assert self.ring is not None
+        while True:
+            await asyncio.sleep(REFRESH_S)
+            await self.ring.refresh()
 
     def _starting_together(self, others: list[str]) -> bool:
         """Whether this worker joins from the start: no other is there, or every other joined

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import asyncio
 import threading
+import time
 from typing import TYPE_CHECKING, Any
 
 import zenoh
@@ -103,6 +105,9 @@ class ZenohGroup(GroupMembership):
         self._lock = threading.Lock()
         self._closed = False
         self._token: Any = None
+        self._on_change = on_change
+        #: Members that left (a refresh does not add them back), with when.
+        self._left: dict[str, float] = {}
         n = len(prefix.split("/"))
 
         def on_token(sample: zenoh.Sample) -> None:
@@ -118,6 +123,7 @@ class ZenohGroup(GroupMembership):
                 return
             with self._lock:
                 self._members[mid] = val
+                self._left.pop(mid, None)
             on_change(mid, val, True)
 
         self._sub = engine.session.liveliness().declare_subscriber(f"{prefix}/**", on_token, history=True)
@@ -139,6 +145,7 @@ class ZenohGroup(GroupMembership):
                     return
                 if not alive[0]:
                     del self._members[mid]
+                    self._left[mid] = time.monotonic()
             if alive[0]:
                 # a token still answers: a copy was withdrawn, or the answer is not yet up to
                 # date with a member that died; look again until it is gone
@@ -159,6 +166,42 @@ class ZenohGroup(GroupMembership):
     def members(self) -> dict[str, str]:
         with self._lock:
             return dict(self._members)
+
+    async def refresh(self) -> None:
+        """A liveliness query of the group: members whose token answers and that this view
+        lacks are added (and reported to ``on_change``)."""
+        loop = asyncio.get_running_loop()
+        done = asyncio.Event()
+        found: list[str] = []
+
+        def on_reply(reply: zenoh.Reply) -> None:
+            if reply.ok is not None:
+                found.append(str(reply.ok.key_expr))
+
+        def on_done() -> None:
+            loop.call_soon_threadsafe(done.set)
+
+        try:
+            handler = zenoh.handlers.Callback(on_reply, on_done, indirect=False)
+            self._engine.session.liveliness().get(f"{self._prefix}/**", handler, timeout=GONE_CHECK_S)
+        except zenoh.ZError:  # the session is closing
+            return
+        await done.wait()
+        n = len(self._prefix.split("/"))
+        for key in found:
+            parts = key.split("/")
+            if len(parts) != n + 2:
+                continue
+            mid, val = parts[n], parts[n + 1]
+            with self._lock:
+                # a member that left comes back only through its own new token (a query can
+                # still be answered for a member that just died)
+                gone = mid in self._left
+                new = not self._closed and not gone and self._members.get(mid) != val
+                if new:
+                    self._members[mid] = val
+            if new:
+                self._on_change(mid, val, True)
 
     async def announce(self, member: str, value: str) -> None:
         for what, v in (("member", member), ("value", value)):
