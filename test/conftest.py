@@ -97,10 +97,11 @@ def pytest_runtest_protocol(item: pytest.Item) -> Iterator[None]:
 
 
 # Tests whose verdict depends on timing under bursts of load they make themselves (chaos runs
-# that kill processes and cut links, recordings replayed at rate 1 into workers killed mid-run):
+# that kill processes and cut links, recordings replayed at rate 1 into workers killed mid-run,
+# the live view's deadlines for a browser-like client):
 # marked ``serial``; the test command runs them alone, after the others have run on two workers
 # (``-n 2 -m "not serial"``).
-SERIAL_MODULES = frozenset({"test_actions_chaos", "test_fusion_scale_out"})
+SERIAL_MODULES = frozenset({"test_actions_chaos", "test_fusion_scale_out", "test_view"})
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
