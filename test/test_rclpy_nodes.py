@@ -78,6 +78,17 @@ BEST_EFFORT = [
 ]
 
 
+async def samples_until_quiet(sub: Any, streams: Any, quiet_s: float) -> dict[str, list[Any]]:
+    """The samples of ``sub`` by stream, until none came for ``quiet_s`` seconds."""
+    got: dict[str, list[Any]] = {s: [] for s in streams}
+    try:
+        while True:
+            s = await sub.recv(timeout_s=quiet_s)
+            got[s.stream].append(s)
+    except TimeoutError:
+        return got
+
+
 def bridge_sensors(
     ros: RosEnv, tmp_path: Path, sensors: list[Any], latched: bool
 ) -> tuple[dict[str, list[Any]], dict[str, Any], dict[str, Any]]:
@@ -119,13 +130,7 @@ def bridge_sensors(
             # published once the bridge and the plain subscriber both matched
             peer = ros.peer("pubs", "--plan", json.dumps(plan), "--subscribers", "2", "--linger-s", "2")
             published = (await asyncio.to_thread(peer.result, 120))["published"]
-            got: dict[str, list[Any]] = {s: [] for s in streams}
-            try:
-                while True:
-                    s = await sub.recv(timeout_s=3)
-                    got[s.stream].append(s)
-            except TimeoutError:
-                pass
+            got = await samples_until_quiet(sub, streams, quiet_s=3)
             return got, published, (await asyncio.to_thread(floor.result, 60))["received"]
 
     return asyncio.run(run())
@@ -203,13 +208,7 @@ def test_sensor_bridge_discovers_published_topics_by_pattern_with_their_types(
             peer = ros.peer("pubs", "--plan", json.dumps(plan), "--subscribers", "1", "--linger-s", "1")
             published = (await asyncio.to_thread(peer.result, 60))["published"]
             await asyncio.to_thread(secret.result, 60)
-            got: dict[str, list[Any]] = {s: [] for s in streams}
-            try:
-                while True:
-                    s = await sub.recv(timeout_s=2)
-                    got[s.stream].append(s)
-            except TimeoutError:
-                pass
+            got = await samples_until_quiet(sub, streams, quiet_s=2)
             return got, published, node.output()
 
     got, published, log = asyncio.run(run())
