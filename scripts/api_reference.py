@@ -20,6 +20,7 @@ SECTIONS = [
     ("embodied_bus.engines", "Engines and bus URLs"),
     ("embodied_bus.fusion", "Fused perception"),
     ("embodied_bus.actions", "Actions"),
+    ("embodied_bus.state", "Latest-value state"),
     ("embodied_bus.security", "Security"),
     ("embodied_bus.replay", "Recordings"),
     ("embodied_bus.rosmsg", "ROS messages without ROS"),

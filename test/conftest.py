@@ -157,7 +157,8 @@ def pulsar_broker() -> Iterator[PulsarStandalone | None]:
     if os.environ.get("EMBODIED_BUS_PULSAR_URL"):
         yield None
         return
-    broker = PulsarStandalone()
+    # compaction thresholds (state tables) are checked every 2 s instead of every minute
+    broker = PulsarStandalone(extra_conf={"brokerServiceCompactionMonitorIntervalInSeconds": "2"})
     try:
         broker.start()
         yield broker

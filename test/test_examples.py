@@ -21,6 +21,7 @@ EXPECTED = {
     "replay_into_fusion.py": r"end to end: not available",
     "ros_bridge.py": r"bus stream gps: seq 3, cdr:sensor_msgs/msg/NavSatFix",
     "failover.py": r"active: 1\.\.10; after it left, the standby: 11\.\.20",
+    "state.py": r"late joiner: .*'mission/step': 'picking'\}\nchanged: mission/step = placing",
 }
 
 

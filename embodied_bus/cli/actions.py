@@ -29,6 +29,7 @@ from embodied_bus.cli.common import (
 from embodied_bus.engines.urls import parse_bus_url
 from embodied_bus.errors import BusConfigError
 from embodied_bus.security import Signer, Verifier, WatchedAllowList, load_private_key
+from embodied_bus.state import StateService
 
 __all__ = ["ActionsView", "add_parsers", "at_least_one", "load_handlers"]
 
@@ -39,6 +40,13 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-a
     p = sub.add_parser("queue", help="host the durable action queue service")
     add_bus_args(p)
     p.add_argument("--db", default="actions.db", help="SQLite file (default actions.db)")
+    p.add_argument(
+        "--state-db",
+        default=None,
+        metavar="PATH",
+        help="also host the namespace's state service (latest values, `embodied-bus state`) in this "
+        "SQLite file (default: state.db beside --db; 'none': do not host it)",
+    )
     _add_retry_args(p)
     p.add_argument(
         "--keep-ended",
@@ -208,6 +216,7 @@ async def run_queue(args: argparse.Namespace) -> int:
         task = asyncio.create_task(service.run(stop, ready))
         await ready.wait()
         print(f"action queue serving on {args.bus} (db {args.db})", flush=True)
+        state_task = await _serve_state(bus, args, stop)
         exporter = None
         if args.metrics_port is not None:
             from embodied_bus.metrics import MetricsExporter
@@ -219,10 +228,24 @@ async def run_queue(args: argparse.Namespace) -> int:
             print(f"metrics on {where}/metrics, backlog JSON on {where}/backlog", flush=True)
         try:
             await task
+            if state_task is not None:
+                await state_task
         finally:
             if exporter is not None:
                 exporter.close()
     return 0
+
+
+async def _serve_state(bus: Bus, args: argparse.Namespace, stop: asyncio.Event) -> asyncio.Task[None] | None:
+    """The state service beside the queue (``--state-db``), once it serves."""
+    if args.state_db == "none":
+        return None
+    path = Path(args.state_db) if args.state_db else Path(args.db).with_name("state.db")
+    ready = asyncio.Event()
+    task = asyncio.create_task(StateService(bus, path).run(stop, ready))
+    await ready.wait()
+    print(f"state service serving on {args.bus} (db {path})", flush=True)
+    return task
 
 
 def _at_least(low: int, text: str) -> int:

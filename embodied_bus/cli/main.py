@@ -26,6 +26,7 @@ from embodied_bus.cli import (
     router,
     sim,
     stage,
+    state,
     streams,
     top,
     view,
@@ -64,6 +65,7 @@ def build_parser() -> argparse.ArgumentParser:
         router,
         ros_bridge,
         keys,
+        state,
         doctor,
     )
     for module in subcommands:

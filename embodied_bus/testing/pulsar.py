@@ -289,6 +289,22 @@ class PulsarStandalone:
                 time.sleep(0.5)
         raise RuntimeError(f"Pulsar standalone not ready after {timeout_s:g} s:\n{self.tail()}")
 
+    def admin(self, method: str, path: str, body: object = None, timeout_s: float = 10.0) -> object:
+        """Call the admin REST API (``path`` from ``/admin/v2/...``) with a JSON body; return the
+        decoded JSON answer (None when empty).
+
+        Raises:
+            urllib.error.HTTPError: The broker refused (its status and message).
+        """
+        data = None if body is None else json.dumps(body).encode()
+        req = urllib.request.Request(self.web_url + path, data=data, method=method)
+        req.add_header("Content-Type", "application/json")
+        if self.admin_token:
+            req.add_header("Authorization", f"Bearer {self.admin_token}")
+        with urllib.request.urlopen(req, timeout=timeout_s) as resp:
+            answer = resp.read()
+        return json.loads(answer) if answer else None
+
     def tail(self, lines: int = 40) -> str:
         """The end of the broker's console log."""
         try:

@@ -22,6 +22,7 @@ __all__ = [
     "last_message_id_async",
     "native_consumer",
     "native_producer",
+    "native_reader",
     "receive_async",
     "send_async",
     "subscribe_pattern",
@@ -46,6 +47,13 @@ def native_producer(producer: Any) -> Any:
 def native_consumer(consumer: Any) -> Any:
     """A consumer's native consumer where the fast path is available, else the consumer."""
     return _native(consumer, "_consumer")
+
+
+def native_reader(reader: Any) -> Any:
+    """A reader's native reader where the fast path is available, else the reader (both have
+    ``read_next`` and ``has_message_available``; native messages have ``data()`` and
+    ``partition_key()`` as the wrappers do)."""
+    return _native(reader, "_reader")
 
 
 def send_async(
