@@ -35,6 +35,8 @@ def _log(event: str, action: Any, ctx: Any, **more: Any) -> None:
         "attempt": ctx.attempt,
         "ex": ctx.executor,
         "session": action.attempts[-1].session,
+        "group": action.session,  # the ordered session the action is a step of (or None)
+        "step": (action.payload or {}).get("step") if isinstance(action.payload, dict) else None,
         "pid": os.getpid(),
         "t": time.monotonic_ns(),
         **more,

@@ -405,7 +405,8 @@ async def test_a_dead_letter_is_requeued_with_a_fresh_budget_then_purged(rig: Ri
     other = await rig.planner.submit("pick", "b", deadline_s=30)
     assert (await other.result(timeout_s=10)).status is ActionStatus.DEAD
     backlog = await rig.planner.backlog()
-    assert backlog.as_dict()["backlog"]["pick/p0"] == {"queued": 0, "leased": 0, "retrying": 0, "dead": 2}
+    row = backlog.as_dict()["backlog"]["pick/p0"]
+    assert row == {"queued": 0, "leased": 0, "retrying": 0, "dead": 2, "blocked": 0}
     assert backlog.redeliveries == 4  # the 2nd and 3rd attempts of both
     fixed.set()
     await rig.planner.requeue(poison.id)

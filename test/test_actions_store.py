@@ -153,7 +153,7 @@ def test_backlog_counts_per_kind_priority_and_state(store: ActionStore) -> None:
     for _ in range(3):
         store.submit(Action("pick", priority=2))
     store.lease("ex", ["pick"])
-    assert store.backlog() == {"pick/p2": {"queued": 2, "leased": 1, "retrying": 0, "dead": 0}}
+    assert store.backlog() == {"pick/p2": {"queued": 2, "leased": 1, "retrying": 0, "dead": 0, "blocked": 0}}
 
 
 def test_pruning_keeps_the_newest_ended_actions_and_everything_still_open_or_dead(tmp_path: Path) -> None:

@@ -431,7 +431,7 @@ def test_the_actions_view_sums_kinds_and_derives_rates_that_never_go_negative() 
         "pruned": 0,
     }
     first = view.update(Backlog.from_dict(reply), 100.0)
-    assert first["kinds"] == {"pick": {"queued": 5, "leased": 1, "retrying": 1, "dead": 1}}
+    assert first["kinds"] == {"pick": {"queued": 5, "leased": 1, "retrying": 1, "dead": 1, "blocked": 0}}
     assert (first["queued"], first["in_flight"], first["dead_letters"], first["ended"]) == (5, 1, 1, 11)
     assert first["rates"] == {"ended_per_s": None, "redeliveries_per_s": None}
     later = {**reply, "stats": {**reply["stats"], "succeeded": 6}, "redeliveries": 8, "pruned": 24}

@@ -21,6 +21,9 @@ EXPECTED = {
     "replay_into_fusion.py": r"end to end: not available",
     "ros_bridge.py": r"bus stream gps: seq 3, cdr:sensor_msgs/msg/NavSatFix",
     "failover.py": r"active: 1\.\.10; after it left, the standby: 11\.\.20",
+    "sessions.py": r"ran in order: task-1:navigate, task-1:pick, task-1:place\n"
+    r"task-2 navigate: succeeded \ntask-2 pick: dead \ntask-2 place: canceled \(step \w+ \(pick\) of session "
+    r"'task-2' was dead-lettered: no such object\)",
     "state.py": r"late joiner: .*'mission/step': 'picking'\}\nchanged: mission/step = placing",
 }
 

@@ -12,6 +12,7 @@ from embodied_bus.actions.model import (
     ActionStatus,
     Attempt,
     Outcome,
+    SessionFailure,
     decode_action,
     encode_action,
 )
@@ -47,6 +48,7 @@ __all__ = [
     "QueueService",
     "QueueUnavailable",
     "RetryPolicy",
+    "SessionFailure",
     "decode_action",
     "encode_action",
     "executors_with",

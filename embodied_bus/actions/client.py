@@ -12,7 +12,7 @@ from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from dataclasses import replace
 from typing import TYPE_CHECKING, Any, TypeVar
 
-from embodied_bus.actions.model import Action, ActionError, ActionStatus
+from embodied_bus.actions.model import Action, ActionError, ActionStatus, SessionFailure
 from embodied_bus.actions.policy import DEFAULT_RETRY, RetryPolicy
 from embodied_bus.actions.queue import ActionQueue, Backlog, QueueOptions, QueueUnavailable, open_queue
 from embodied_bus.errors import BusClosedError, BusConnectionError
@@ -255,11 +255,18 @@ class Planner:
         deadline_s: float | None = None,
         idempotency_key: str | None = None,
         selector: dict[str, str] | None = None,
+        session: str | None = None,
+        on_failure: SessionFailure | str = SessionFailure.CANCEL,
     ) -> ActionHandle:
         """Submit one action; returns once it is durably queued.
 
         Args:
             deadline_s: Never start it after this many seconds from now.
+            session: Make it the next step of this ordered session: it starts after every step
+                submitted to the session before it has ended, and never beside one.
+            on_failure: If this step is dead-lettered, the later steps of its session end
+                canceled (``cancel``), wait until it is requeued or purged (``hold``), or run
+                on (``continue``).
 
         Raises:
             ActionError: Invalid action (the queue says why).
@@ -272,6 +279,8 @@ class Planner:
             idempotency_key=idempotency_key,
             selector=selector or {},
             deadline_ns=time.time_ns() + int(deadline_s * 1e9) if deadline_s else 0,
+            session=session,
+            on_failure=on_failure,  # type: ignore[arg-type]  # validate() takes its text too
         ).validate()
         return (await self.submit_many([action]))[0]
 

@@ -201,7 +201,10 @@ class QueueCore:
             with self.lock:
                 if self.closed:
                     return p.Failed("the action queue service is shutting down", unavailable=True)
-                return self._handlers[type(request)](request, size)
+                try:
+                    return self._handlers[type(request)](request, size)
+                finally:
+                    self._publish_ended_on_the_way()
         except ActionError as err:
             self.bad_requests += 1
             return p.Failed(str(err))
@@ -305,6 +308,8 @@ class QueueCore:
     def _publish_ended_on_the_way(self) -> None:
         for a in self.store.take_expired():
             self._publish(a)
+        for kind in self.store.sessions.take_unblocked():  # a session's next step may start
+            self.events.wake(kind)
 
     def _wake_after(self, kind: str, delay_s: float) -> None:
         timer = threading.Timer(max(0.0, delay_s) + 0.01, self._wake_unless_closed, (kind,))

@@ -22,6 +22,7 @@ __all__ = [
     "ActionStatus",
     "Attempt",
     "Outcome",
+    "SessionFailure",
     "action_from_dict",
     "action_to_dict",
     "decode_action",
@@ -71,6 +72,17 @@ class Outcome(str, enum.Enum):
     LOST = "lost"
     CANCELED = "canceled"
     EXPIRED = "expired"
+
+
+class SessionFailure(str, enum.Enum):
+    """What the later steps of a session do when a step is dead-lettered."""
+
+    #: They end canceled, with the reason (the default).
+    CANCEL = "cancel"
+    #: They wait until the dead step is requeued and ends, or is purged from the dead letters.
+    HOLD = "hold"
+    #: They run on, as if the step had succeeded.
+    CONTINUE = "continue"
 
 
 @dataclass(frozen=True, slots=True)
@@ -128,6 +140,11 @@ class Action:
         budget_from: Attempts before this index do not count toward the retry limit (a
             dead-lettered action that was requeued).
         auth: Signature block of a signed action (see :mod:`embodied_bus.security`), or None.
+        session: Ordered session it is a step of: the steps of one session start in submission
+            order, one at a time (None: an independent action).
+        on_failure: What the later steps of its session do if this step is dead-lettered.
+        ended_reason: Why it ended without running to its end (a session step canceled because
+            an earlier step was dead-lettered); empty otherwise.
     """
 
     kind: str
@@ -145,6 +162,9 @@ class Action:
     cancel_requested: bool = False
     budget_from: int = 0
     auth: dict[str, Any] | None = None
+    session: str | None = None
+    on_failure: SessionFailure = SessionFailure.CANCEL
+    ended_reason: str = ""
 
     def validate(self, *, check_payload: bool = True) -> Action:
         """Check kind, priority, payload size (unless ``check_payload`` is false) and selector;
@@ -178,6 +198,16 @@ class Action:
             raise ActionError("selector must map label names to string values")
         if self.auth is not None and not isinstance(self.auth, dict):
             raise ActionError("auth must be an object (the signature block) or absent")
+        if self.session is not None and (
+            not isinstance(self.session, str) or not 0 < len(self.session) <= MAX_KIND_CHARS
+        ):
+            raise ActionError(f"session must be 1..{MAX_KIND_CHARS} characters, got {self.session!r}")
+        if not isinstance(self.on_failure, SessionFailure):
+            try:
+                self.on_failure = SessionFailure(self.on_failure)
+            except ValueError:
+                choices = ", ".join(f.value for f in SessionFailure)
+                raise ActionError(f"on_failure must be one of {choices}, got {self.on_failure!r}") from None
         if not check_payload:
             return self
         try:
@@ -207,6 +237,9 @@ class Action:
             self.cancel_requested,
             self.budget_from,
             self.auth,
+            self.session,
+            self.on_failure,
+            self.ended_reason,
         )
 
     @property
@@ -258,6 +291,9 @@ def action_to_dict(action: Action) -> dict[str, Any]:
         "cancel_requested": a.cancel_requested,
         "budget_from": a.budget_from,
         "auth": a.auth,
+        "session": a.session,
+        "on_failure": a.on_failure.value,
+        "ended_reason": a.ended_reason,
     }
 
 

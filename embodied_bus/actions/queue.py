@@ -75,12 +75,14 @@ class Submitted:
 
 @dataclass(frozen=True, slots=True)
 class BacklogRow:
-    """Actions of one kind and priority, per state."""
+    """Actions of one kind and priority, per state; ``blocked``: queued steps waiting for an
+    earlier step of their session (counted in ``queued`` too)."""
 
     queued: int = 0
     leased: int = 0
     retrying: int = 0
     dead: int = 0
+    blocked: int = 0
 
 
 @dataclass(frozen=True, slots=True)
@@ -139,10 +141,16 @@ class Backlog:
 
 
 def _row(r: BacklogRow) -> dict[str, int]:
-    return {"queued": r.queued, "leased": r.leased, "retrying": r.retrying, "dead": r.dead}
+    return {
+        "queued": r.queued,
+        "leased": r.leased,
+        "retrying": r.retrying,
+        "dead": r.dead,
+        "blocked": r.blocked,
+    }
 
 
-_COLUMNS = ("queued", "leased", "retrying", "dead")
+_COLUMNS = ("queued", "leased", "retrying", "dead", "blocked")
 _STATE_COLUMN = {
     ActionStatus.QUEUED: "queued",
     ActionStatus.RUNNING: "leased",

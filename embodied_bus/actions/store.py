@@ -19,7 +19,8 @@ from embodied_bus.actions import lifecycle
 from embodied_bus.actions.lifecycle import Admission
 from embodied_bus.actions.model import Action, ActionError, ActionStatus, decode_action, encode_action
 from embodied_bus.actions.policy import DEFAULT_RETRY, RetryPolicy
-from embodied_bus.actions.table import UPDATE_ACTION, ActionTable
+from embodied_bus.actions.sessions import Sessions
+from embodied_bus.actions.table import UPDATE_ACTION, ActionTable, gates
 
 __all__ = ["DEFAULT_KEEP_ENDED", "PRUNE_CHUNK", "ActionStore", "Settled"]
 
@@ -69,6 +70,8 @@ class ActionStore:
         #: Attempts started on actions that had been started before, since this store was opened.
         self.redeliveries = 0
         self.table = ActionTable(self.path)
+        #: The session rules (ordered steps), applied in every transaction.
+        self.sessions = Sessions(self.table)
         self._newly_expired: list[Action] = []
         (self._seq,) = self.table.db.execute("SELECT COALESCE(MAX(seq), 0) FROM actions").fetchone()
 
@@ -122,9 +125,12 @@ class ActionStore:
                     out.append((decode_action(row[0]), False))
                     continue
                 seq += 1
+                blocked = self.sessions.waits(db, a.session)
+                if a.session is not None:
+                    self.table.touched.add(a.session)
                 db.execute(
                     "INSERT INTO actions (id, kind, priority, deadline_ns, idem, status, available_ns, "
-                    "seq, body) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                    "seq, body, session, gate, blocked) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
                     (
                         a.id,
                         a.kind,
@@ -135,6 +141,9 @@ class ActionStore:
                         now,
                         seq,
                         encode_action(a).decode(),
+                        a.session,
+                        gates(a),
+                        blocked,
                     ),
                 )
                 out.append((a, True))
@@ -227,7 +236,7 @@ class ActionStore:
         updates: list[tuple[Any, ...]] = []
         with self.table.tx(durable=False) as db:
             ids = db.execute(
-                f"SELECT id FROM actions WHERE status IN (?, ?) AND kind IN ({marks}) "
+                f"SELECT id FROM actions WHERE status IN (?, ?) AND blocked=0 AND kind IN ({marks}) "
                 "AND available_ns <= ? ORDER BY priority DESC, seq LIMIT ?",
                 (*_READY, *kinds, now, 256 + max_actions),
             ).fetchall()
@@ -263,10 +272,10 @@ class ActionStore:
         del self._newly_expired[:-10_000]  # bounded when nobody takes them (standalone use)
 
     def take_expired(self) -> list[Action]:
-        """Actions that ended without running since the last call (deadline passed, canceled),
-        to publish their results."""
+        """Actions that ended without running since the last call (deadline passed, canceled,
+        a later step of a session whose step was dead-lettered), to publish their results."""
         out, self._newly_expired = self._newly_expired, []
-        return out
+        return out + self.sessions.take_ended()
 
     def _held(self, action_id: str, executor: str, attempt: int | None, session: str) -> Action:
         """The running action ``executor`` (process ``session``) holds in ``attempt``.
@@ -531,7 +540,12 @@ class ActionStore:
 
     def purge_dead(self) -> int:
         """Delete the dead-letter queue; returns how many were removed."""
-        cur = self.table.db.execute("DELETE FROM actions WHERE status=?", (ActionStatus.DEAD.value,))
+        with self.table.tx() as db:
+            held = db.execute(  # sessions held by a dead step go on once it is gone
+                "SELECT DISTINCT session FROM actions WHERE status=? AND gate=1", (ActionStatus.DEAD.value,)
+            ).fetchall()
+            self.table.touched.update(session for (session,) in held)
+            cur = db.execute("DELETE FROM actions WHERE status=?", (ActionStatus.DEAD.value,))
         return cur.rowcount
 
     def prune(self) -> int:
@@ -562,18 +576,20 @@ class ActionStore:
         return deleted
 
     def backlog(self) -> dict[str, dict[str, int]]:
-        """Counts per ``kind/p<priority>`` and state (queued, leased, retrying, dead)."""
+        """Counts per ``kind/p<priority>`` and state (queued, leased, retrying, dead), and the
+        queued steps waiting for an earlier step of their session (blocked)."""
         out: dict[str, dict[str, int]] = {}
-        for kind, prio, status, n in self.table.db.execute(
+        for kind, prio, status, n, blocked in self.table.db.execute(
             # not the ended ones: the index on status keeps this cheap beside a long history
-            "SELECT kind, priority, status, COUNT(*) FROM actions WHERE status IN (?, ?, ?, ?) "
+            "SELECT kind, priority, status, COUNT(*), SUM(blocked) FROM actions WHERE status IN (?, ?, ?, ?) "
             "GROUP BY kind, priority, status",
             (*_READY, ActionStatus.RUNNING.value, ActionStatus.DEAD.value),
         ):
             key = f"{kind}/p{prio}"
             name = "leased" if status == ActionStatus.RUNNING.value else status
-            row = out.setdefault(key, {"queued": 0, "leased": 0, "retrying": 0, "dead": 0})
+            row = out.setdefault(key, {"queued": 0, "leased": 0, "retrying": 0, "dead": 0, "blocked": 0})
             row[name] += int(n)
+            row["blocked"] += int(blocked or 0)
         return out
 
     def stats(self) -> dict[str, int]:

@@ -3,13 +3,13 @@
 from __future__ import annotations
 
 import sqlite3
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import Any
 
-from embodied_bus.actions.model import Action, decode_action, encode_action
+from embodied_bus.actions.model import Action, ActionStatus, SessionFailure, decode_action, encode_action
 
-__all__ = ["UPDATE_ACTION", "ActionTable"]
+__all__ = ["UPDATE_ACTION", "ActionTable", "gates"]
 
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS actions (
@@ -23,17 +23,39 @@ CREATE TABLE IF NOT EXISTS actions (
     lease_owner TEXT,
     lease_until_ns INTEGER,
     seq INTEGER NOT NULL,
-    body TEXT NOT NULL
+    body TEXT NOT NULL,
+    session TEXT,
+    gate INTEGER NOT NULL DEFAULT 0,
+    blocked INTEGER NOT NULL DEFAULT 0
 );
-CREATE INDEX IF NOT EXISTS ready ON actions(status, priority DESC, seq);
 CREATE INDEX IF NOT EXISTS deadlines ON actions(deadline_ns) WHERE deadline_ns > 0;
 CREATE INDEX IF NOT EXISTS submitted ON actions(seq);
 """
+#: Indexes on the session columns (made after a file of an older layout got its columns).
+SESSION_SCHEMA = """
+DROP INDEX IF EXISTS ready;
+CREATE INDEX IF NOT EXISTS ready_steps ON actions(status, blocked, priority DESC, seq);
+CREATE INDEX IF NOT EXISTS steps ON actions(session, seq) WHERE session IS NOT NULL;
+"""
+_SESSION_COLUMNS = (
+    "ALTER TABLE actions ADD COLUMN session TEXT",
+    "ALTER TABLE actions ADD COLUMN gate INTEGER NOT NULL DEFAULT 0",
+    "ALTER TABLE actions ADD COLUMN blocked INTEGER NOT NULL DEFAULT 0",
+)
 #: Writes an action's row (status, body, lease) from :meth:`ActionTable.update_params`.
 UPDATE_ACTION = (
     "UPDATE actions SET status=?, body=?, available_ns=COALESCE(?, available_ns), lease_owner=?, "
-    "lease_until_ns=?, deadline_ns=? WHERE id=?"
+    "lease_until_ns=?, deadline_ns=?, gate=? WHERE id=?"
 )
+_OPEN = frozenset({ActionStatus.QUEUED, ActionStatus.RUNNING, ActionStatus.RETRYING})
+
+
+def gates(a: Action) -> bool:
+    """Whether ``a`` keeps the later steps of its session waiting: it has not ended, or it was
+    dead-lettered in a session that holds on failure."""
+    if a.session is None:
+        return False
+    return a.status in _OPEN or (a.status is ActionStatus.DEAD and a.on_failure is SessionFailure.HOLD)
 
 
 class ActionTable:
@@ -48,6 +70,17 @@ class ActionTable:
         self.db.execute("PRAGMA journal_mode=WAL")
         self.db.execute("PRAGMA synchronous=FULL")
         self.db.executescript(SCHEMA)
+        columns = {row[1] for row in self.db.execute("PRAGMA table_info(actions)")}
+        if "session" not in columns:  # a file written before actions had sessions
+            for statement in _SESSION_COLUMNS:
+                self.db.execute(statement)
+        self.db.executescript(SESSION_SCHEMA)
+        #: Sessions whose steps the current transaction wrote, and the session steps it
+        #: dead-lettered; :attr:`before_commit` settles what follows for their sessions.
+        self.touched: set[str] = set()
+        self.dead_steps: list[Action] = []
+        #: Called with the connection before each commit (the store's session rules).
+        self.before_commit: Callable[[sqlite3.Connection], None] | None = None
         #: Envelopes written by the current (or last) transaction, by action id: replies and
         #: result notifications reuse them instead of encoding the same action again.
         self.saved: dict[str, bytes] = {}
@@ -72,8 +105,12 @@ class ActionTable:
         self.db.execute(f"PRAGMA synchronous={'FULL' if durable else 'NORMAL'}")
         self.saved.clear()
         self.db.execute("BEGIN IMMEDIATE")
+        self.touched.clear()
+        self.dead_steps.clear()
         try:
             yield self.db
+            if self.touched and self.before_commit is not None:
+                self.before_commit(self.db)
         except BaseException:
             self.db.execute("ROLLBACK")
             self.leased.clear()
@@ -85,6 +122,10 @@ class ActionTable:
     ) -> tuple[Any, ...]:
         """Parameters of :data:`UPDATE_ACTION` for ``a`` (``lease``: owner and until, ns)."""
         body = self.saved[a.id] = encode_action(a)
+        if a.session is not None:
+            self.touched.add(a.session)
+            if a.status is ActionStatus.DEAD:
+                self.dead_steps.append(a)
         if lease is not None:
             self.leased[a.id] = (a, lease[0])
         else:
@@ -96,6 +137,7 @@ class ActionTable:
             lease[0] if lease else None,
             lease[1] if lease else None,
             a.deadline_ns,
+            gates(a),
             a.id,
         )
 

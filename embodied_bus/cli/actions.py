@@ -14,7 +14,15 @@ import time
 from pathlib import Path
 from typing import Any
 
-from embodied_bus.actions import DEFAULT_RETRY, ActionError, Executor, Planner, QueueService, RetryPolicy
+from embodied_bus.actions import (
+    DEFAULT_RETRY,
+    ActionError,
+    Executor,
+    Planner,
+    QueueService,
+    RetryPolicy,
+    SessionFailure,
+)
 from embodied_bus.actions.queue import EXECUTOR_GROUP, Backlog, executors_with
 from embodied_bus.actions.store import DEFAULT_KEEP_ENDED
 from embodied_bus.bus import Bus, open_bus
@@ -104,6 +112,19 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-a
     p.add_argument("--priority", type=int, default=0)
     p.add_argument("--deadline", type=float, default=None, metavar="S")
     p.add_argument("--key", default=None, help="idempotency key")
+    p.add_argument(
+        "--session",
+        default=None,
+        metavar="ID",
+        help="the next step of this ordered session: it starts once every earlier step has ended",
+    )
+    p.add_argument(
+        "--on-failure",
+        choices=[f.value for f in SessionFailure],
+        default=SessionFailure.CANCEL.value,
+        help="if this step is dead-lettered, the session's later steps end canceled (default), "
+        "hold until it is requeued or purged, or continue",
+    )
     p.add_argument("--wait", action="store_true", help="print the result when it ends")
     p.add_argument("--timeout", type=float, default=60.0)
     p.add_argument("--sign", metavar="KEY.pem", default=None, help="sign the action with this private key")
@@ -339,10 +360,16 @@ async def run_send(args: argparse.Namespace) -> int:
 async def _send(args: argparse.Namespace, bus: Bus, planner: Planner, payload: Any) -> int:
     """Submit one action; with --wait print its outcome."""
     h = await planner.submit(
-        args.kind, payload, priority=args.priority, deadline_s=args.deadline, idempotency_key=args.key
+        args.kind,
+        payload,
+        priority=args.priority,
+        deadline_s=args.deadline,
+        idempotency_key=args.key,
+        session=args.session,
+        on_failure=args.on_failure,
     )
     if not args.wait:
-        print(json.dumps({"id": h.id, "duplicate": h.duplicate}))
+        print(json.dumps({"id": h.id, "duplicate": h.duplicate, "session": args.session}))
         return 0
     watcher = asyncio.create_task(_warn_without_executor(bus, args.kind))
     try:
@@ -355,6 +382,8 @@ async def _send(args: argparse.Namespace, bus: Bus, planner: Planner, payload: A
             {
                 "id": done.id,
                 "status": done.status.value,
+                "session": done.session,
+                "ended_reason": done.ended_reason,
                 "result": done.result,
                 "attempts": [
                     {"executor": a.executor, "outcome": a.outcome, "reason": a.reason} for a in done.attempts
@@ -407,13 +436,14 @@ async def run_dlq(args: argparse.Namespace) -> int:
                 {
                     "id": a.id,
                     "kind": a.kind,
+                    "session": a.session,
                     "attempts": a.attempt_count,
                     "last_reason": a.attempts[-1].reason if a.attempts else "",
                 }
                 for a in await planner.dead_letters()
             ]
             print(
-                fmt_table(rows, ["id", "kind", "attempts", "last_reason"])
+                fmt_table(rows, ["id", "kind", "session", "attempts", "last_reason"])
                 if rows
                 else "dead-letter queue is empty"
             )
@@ -460,7 +490,7 @@ class ActionsView:
         kinds: dict[str, dict[str, int]] = {}
         for key, row in backlog.items():
             kind = key.rpartition("/p")[0] or key
-            into = kinds.setdefault(kind, {"queued": 0, "leased": 0, "retrying": 0, "dead": 0})
+            into = kinds.setdefault(kind, {"queued": 0, "leased": 0, "retrying": 0, "dead": 0, "blocked": 0})
             for state, n in row.items():
                 into[state] = into.get(state, 0) + int(n)
         rates: dict[str, float | None] = {"ended_per_s": None, "redeliveries_per_s": None}

@@ -42,7 +42,7 @@ __all__ = ["FusionView", "PulsarBacklog", "add_parser"]
 _log = logging.getLogger("embodied_bus.cli.top")
 
 COLUMNS = ["stream", "rate_hz", "bandwidth_MBps", "gaps", "dropped", "latency_p50_ms", "latency_p99_ms"]
-ACTION_COLUMNS = ["kind/priority", "queued", "leased", "retrying", "dead"]
+ACTION_COLUMNS = ["kind/priority", "queued", "leased", "retrying", "dead", "blocked"]
 #: Longest wait for the action queue service's answer per refresh, seconds.
 ACTIONS_TIMEOUT_S = 0.5
 #: Pause between two reads of the Pulsar action backlog, seconds.

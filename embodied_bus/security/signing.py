@@ -126,6 +126,9 @@ def signed_bytes(action: Signable, auth: dict[str, Any]) -> bytes:
         "selector": action.selector,
         "auth": {k: v for k, v in auth.items() if k != "sig"},
     }
+    session = getattr(action, "session", None)
+    if session is not None:  # a step's place in its session is signed too
+        doc["session"] = session
     return json.dumps(doc, sort_keys=True, separators=(",", ":"), ensure_ascii=True).encode()
 
 

@@ -75,6 +75,7 @@ _QUEUE_SCHEMA = json_schema(
             "in_flight": {"type": "integer"},
             "retrying": {"type": "integer"},
             "dead_letters": {"type": "integer"},
+            "waiting_in_session": {"type": "integer"},
             "backlog": {"type": "object"},
             "totals": {"type": "object"},
             "recent": {"type": "array"},
@@ -334,6 +335,7 @@ class LiveView:
             "in_flight": columns["leased"],
             "retrying": columns["retrying"],
             "dead_letters": columns["dead"],
+            "waiting_in_session": columns["blocked"],
             "backlog": backlog.as_dict()["backlog"],
             "totals": dict(backlog.totals),
             "redeliveries": backlog.redeliveries,
@@ -346,6 +348,7 @@ class LiveView:
                 "id": action.id,
                 "kind": action.kind,
                 "priority": action.priority,
+                "session": action.session,
                 "status": action.status.value,
                 "attempts": [
                     {"number": t.number, "executor": t.executor, "outcome": t.outcome, "reason": t.reason}

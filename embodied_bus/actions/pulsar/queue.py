@@ -153,6 +153,12 @@ class PulsarQueue(ActionQueue):
 
     # ------------------------------------------------------------------ planner side
     async def submit(self, actions: Sequence[Action]) -> list[Submitted]:
+        for a in actions:
+            if a.session is not None:
+                raise ActionError(
+                    f"action {a.id} names session {a.session!r}: the Pulsar action queue does not serve "
+                    "ordered sessions (the Zenoh queue service and the in-process queue do)"
+                )
         await self.start()
         if any(a.idempotency_key for a in actions):
             await self.state.sync()
