@@ -365,3 +365,31 @@ async def test_the_state_commands_put_get_watch_and_delete(
 def test_state_serve_refuses_pulsar() -> None:
     done = _cli("state", "serve", "--bus", "pulsar://127.0.0.1:1")
     assert done.returncode == 1 and "compacted topic" in done.stderr
+
+
+async def test_a_zenoh_table_that_missed_writes_catches_up_from_the_service(tmp_path: Path) -> None:
+    """Writes a table never heard of (made while it was cut off from them: here, stored while the
+    service was down) reach it once a later change shows the gap in the revisions."""
+    port = free_port()
+    listen, connect = f"zenoh:?listen=tcp/127.0.0.1:{port}", f"zenoh://127.0.0.1:{port}"
+    ns = "st" + uuid.uuid4().hex[:8]
+    db = tmp_path / "state.db"
+    service = Serve(listen, ns, db)
+    try:
+        async with open_bus(connect, namespace=ns, wait_s=10) as bus:
+            table = await open_state(bus, "robot")
+            await table.put("pose", 1)
+            service.kill()
+            missed = StateStore(db)  # written while no notification could reach the table
+            missed.put("robot", [StateEntry("map", b'"warehouse-3"', True, time.time_ns())])
+            missed.close()
+            service = Serve(listen, ns, db)
+            async with open_bus(connect, namespace=ns, wait_s=10) as other:
+                writer = await open_state(other, "robot", StateOptions(request_timeout_s=15))
+                await writer.put("pose", 2)  # revision 3: the table holds 1, so it asks for 2 on
+            deadline = time.monotonic() + 10
+            while await table.get("map") != "warehouse-3" or await table.get("pose") != 2:
+                assert time.monotonic() < deadline, f"the table never caught up: {table.snapshot()}"
+                await asyncio.sleep(0.02)
+    finally:
+        service.kill()
