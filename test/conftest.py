@@ -101,7 +101,9 @@ def pytest_runtest_protocol(item: pytest.Item) -> Iterator[None]:
 # the live view's deadlines for a browser-like client):
 # marked ``serial``; the test command runs them alone, after the others have run on two workers
 # (``-n 2 -m "not serial"``).
-SERIAL_MODULES = frozenset({"test_actions_chaos", "test_fusion_scale_out", "test_view"})
+SERIAL_MODULES = frozenset(
+    {"test_actions_chaos", "test_actions_session_chaos", "test_fusion_scale_out", "test_view"}
+)
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:

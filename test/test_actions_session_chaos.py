@@ -1,7 +1,7 @@
-"""Ordered sessions under chaos, as processes on the wire (Zenoh queue service): three executor
+"""Ordered sessions under chaos, as processes on the wire, on both engines: three executor
 processes run 200 sessions of 5 steps each while executors are ``kill -9``ed every 1-2.5 s and
-started again, and the queue service is ``kill -9``ed and restarted mid-run. Ten sessions have a
-poison third step (``on_failure=cancel``).
+started again, and the queue service (Zenoh) or the broker (Pulsar) is ``kill -9``ed and
+restarted mid-run. Ten sessions have a poison third step (``on_failure=cancel``).
 
 Then, from every process's own log: every step of every session started only after the step
 before it had ended (no two steps of a session ever ran at once, none out of order); nothing is
@@ -18,13 +18,17 @@ import subprocess
 import sys
 import time
 import uuid
+from collections.abc import AsyncIterator, Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
+import pytest
+
 from embodied_bus import open_bus
-from embodied_bus.actions import Action, ActionStatus, Planner
+from embodied_bus.actions import Action, ActionStatus, Planner, RetryPolicy
 from embodied_bus.actions.queue import EXECUTOR_GROUP
 from embodied_bus.testing.ports import free_port
+from embodied_bus.testing.pulsar import PulsarStandalone
 
 TEST_DIR = Path(__file__).resolve().parent
 CLI = [sys.executable, "-m", "embodied_bus.cli.main"]
@@ -32,6 +36,8 @@ SESSIONS = 200
 STEPS = 5
 POISONED = 10
 EXECUTORS = ("e0", "e1", "e2")
+#: The retry policy: the Zenoh queue service's, or each Pulsar executor's.
+RETRY = ["--max-attempts", "8", "--backoff", "0.05"]
 
 
 class Processes:
@@ -55,11 +61,12 @@ class Processes:
 
     def start_queue(self) -> None:
         cmd = [*CLI, "queue", "--bus", self.listen, "--ns", self.ns, "--db", str(self.tmp / "q.db")]
-        self._spawn("queue", [*cmd, "--max-attempts", "8", "--backoff", "0.05", "--state-db", "none"])
+        self._spawn("queue", [*cmd, *RETRY, "--state-db", "none"])
 
     def start_executor(self, name: str) -> None:
         cmd = [*CLI, "executor", "--bus", self.url, "--ns", self.ns, "--name", name, "--concurrency", "2"]
-        self._spawn(name, [*cmd, "--handlers", "chaos_handlers:HANDLERS", "--connect-timeout", "120"])
+        cmd += ["--handlers", "chaos_handlers:HANDLERS", "--connect-timeout", "180"]
+        self._spawn(name, [*cmd, *RETRY] if self.url.startswith("pulsar") else cmd)
 
     def kill(self, name: str) -> None:
         proc = self.procs[name]
@@ -140,13 +147,45 @@ async def kill_now_and_then(procs: Processes, until: asyncio.Event, rng: random.
         procs.start_executor(name)
 
 
-async def test_session_steps_run_in_order_one_at_a_time_through_kills_and_a_queue_restart(
-    tmp_path: Path,
-) -> None:
+@pytest.fixture
+async def rig(
+    engine_name: str, tmp_path: Path
+) -> AsyncIterator[tuple[Processes, Callable[[], Awaitable[None]]]]:
+    """The processes, and how to crash and restart the queue (Zenoh: its service; Pulsar: the
+    broker, a standalone of this test's own)."""
     port = free_port()
     ns = "sess" + uuid.uuid4().hex[:6]
-    procs = Processes(f"zenoh:?listen=tcp/127.0.0.1:{port}", f"zenoh://127.0.0.1:{port}", ns, tmp_path)
-    procs.start_queue()
+    if engine_name == "zenoh":
+        procs = Processes(f"zenoh:?listen=tcp/127.0.0.1:{port}", f"zenoh://127.0.0.1:{port}", ns, tmp_path)
+        procs.start_queue()
+
+        async def restart() -> None:
+            procs.kill("queue")
+            await asyncio.sleep(0.5)
+            procs.start_queue()
+
+        yield procs, restart
+        return
+    broker = PulsarStandalone()
+    await asyncio.to_thread(broker.start)
+    procs = Processes("", broker.url, ns, tmp_path)
+
+    async def restart_broker() -> None:
+        await asyncio.to_thread(broker.restart, crash=True)
+        procs.kills.append(("queue", time.monotonic_ns()))
+
+    try:
+        yield procs, restart_broker
+    finally:
+        procs.stop_all()
+        await asyncio.to_thread(broker.cleanup)
+
+
+async def test_session_steps_run_in_order_one_at_a_time_through_kills_and_a_queue_restart(
+    rig: tuple[Processes, Callable[[], Awaitable[None]]], tmp_path: Path
+) -> None:
+    procs, restart = rig
+    ns = procs.ns
     for name in EXECUTORS:
         procs.start_executor(name)
     rng = random.Random(11)
@@ -154,7 +193,8 @@ async def test_session_steps_run_in_order_one_at_a_time_through_kills_and_a_queu
     try:
         async with open_bus(procs.url, namespace=ns, wait_s=60) as bus:
             await executors_up(bus)
-            async with Planner(bus, connect_timeout_s=120) as planner:
+            policy = RetryPolicy(max_attempts=8, initial_backoff_s=0.05)  # Pulsar: the planner's too
+            async with Planner(bus, policy=policy, connect_timeout_s=180) as planner:
                 done = asyncio.Event()
                 killer = asyncio.create_task(kill_now_and_then(procs, done, rng))
                 handles = []
@@ -166,9 +206,7 @@ async def test_session_steps_run_in_order_one_at_a_time_through_kills_and_a_queu
                         batch.append(Action(kind, {"steps": 2, "step": step}, session=session))
                     handles += await planner.submit_many(batch)
                     if step == 1:
-                        procs.kill("queue")
-                        await asyncio.sleep(0.5)
-                        procs.start_queue()
+                        await restart()
                 results = [await h.result(timeout_s=180) for h in handles]
                 done.set()
                 await killer

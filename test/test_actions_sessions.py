@@ -10,6 +10,7 @@ import time
 from pathlib import Path
 
 import pytest
+from test_actions_contract import Rig, rig  # noqa: F401  (the fixture: Zenoh, Pulsar, in-process)
 
 from embodied_bus.actions import (
     Action,
@@ -18,6 +19,7 @@ from embodied_bus.actions import (
     ActionStore,
     Executor,
     MemoryQueue,
+    PermanentFailure,
     Planner,
     RetryPolicy,
     SessionFailure,
@@ -220,3 +222,68 @@ async def test_sessions_run_in_order_across_concurrent_executors_of_an_in_proces
     assert not overlap
     for i in range(40):
         assert [step for s, step, _ in log if s == f"s{i}"] == [0, 1, 2, 3, 4]
+
+
+# ---------------------------------------------------------------------------- every backend
+
+
+async def test_the_session_contract_on_every_backend(rig: Rig) -> None:  # noqa: F811
+    """30 sessions of 4 steps on 3 executors: each session in order, one step at a time; a
+    dead step cancels the rest of its session (the default) or holds it until it is requeued."""
+    log: list[tuple[str, int]] = []
+    running: dict[str, int] = {}
+    overlap: list[str] = []
+    failed_once: set[str] = set()
+
+    async def step(action: Action, ctx: object) -> int:
+        session = action.session or ""
+        running[session] = running.get(session, 0) + 1
+        if running[session] > 1:
+            overlap.append(session)
+        log.append((session, action.payload["step"]))
+        try:
+            await asyncio.sleep(0.005)
+            if action.payload.get("fail") and action.id not in failed_once:
+                failed_once.add(action.id)
+                raise PermanentFailure("gripper jammed")
+            return int(action.payload["step"])
+        finally:
+            running[session] -= 1
+
+    for name in ("e0", "e1", "e2"):
+        ex = rig.make_executor(name, concurrency=2)
+        for kind in KINDS:
+            ex.handler(kind)(step)
+        rig.tasks.append(asyncio.create_task(ex.run(rig.stop)))
+    await rig.executors_up(3)
+    handles = []
+    for k in range(4):  # step k of every session, then step k+1
+        batch = [Action(KINDS[k % 3], {"step": k}, session=f"s{i}") for i in range(30)]
+        batch.append(Action(KINDS[k % 3], {"step": k, "fail": k == 1}, session="cancels"))
+        hold = SessionFailure.HOLD
+        batch.append(Action(KINDS[k % 3], {"step": k, "fail": k == 1}, session="holds", on_failure=hold))
+        handles += await rig.planner.submit_many(batch)
+    held = handles[-1 - 32], handles[-1]  # the held session's steps 2 and 3 wait for step 1
+    ends = {h.id: await h.result(timeout_s=60) for h in handles if h not in held}
+    cancels = [a for a in ends.values() if a.session == "cancels"]
+    holds = [a for a in ends.values() if a.session == "holds"]
+    assert [a.status for a in cancels] == [
+        ActionStatus.SUCCEEDED,
+        ActionStatus.DEAD,
+        ActionStatus.CANCELED,
+        ActionStatus.CANCELED,
+    ]
+    assert all(cancels[1].id in a.ended_reason and "gripper jammed" in a.ended_reason for a in cancels[2:])
+    assert [a.status for a in holds] == [ActionStatus.SUCCEEDED, ActionStatus.DEAD]
+    for h in held:
+        waiting = await rig.planner.get(h.id)
+        assert waiting is not None and waiting.status is ActionStatus.QUEUED  # behind the dead step
+    await rig.planner.requeue(holds[1].id)
+    for h in held:  # they run once the requeued step succeeded
+        assert (await h.result(timeout_s=60)).status is ActionStatus.SUCCEEDED
+    assert (await rig.planner.get(holds[1].id)).status is ActionStatus.SUCCEEDED  # type: ignore[union-attr]
+    assert not overlap, f"steps of one session ran at once: {overlap[:5]}"
+    for i in range(30):
+        assert [k for s, k in log if s == f"s{i}"] == [0, 1, 2, 3]
+        assert all(a.status is ActionStatus.SUCCEEDED for a in ends.values() if a.session == f"s{i}")
+    assert [k for s, k in log if s == "holds"] == [0, 1, 1, 2, 3]

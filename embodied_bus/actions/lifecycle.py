@@ -24,7 +24,7 @@ from collections.abc import Callable, Collection, Mapping
 from dataclasses import dataclass
 from typing import NamedTuple
 
-from embodied_bus.actions.model import Action, ActionStatus, Attempt, Outcome
+from embodied_bus.actions.model import Action, ActionStatus, Attempt, Outcome, SessionFailure
 from embodied_bus.actions.policy import RetryPolicy
 
 __all__ = [
@@ -36,6 +36,7 @@ __all__ = [
     "cancel",
     "expire",
     "fail",
+    "gates",
     "is_newer",
     "late_report",
     "lose",
@@ -263,3 +264,14 @@ def is_newer(new: Action, old: Action) -> bool:
         return v_new > v_old
     # a competing claim of the same attempt: the first one written wins
     return not (new.attempts and old.attempts and new.attempts[-1].session != old.attempts[-1].session)
+
+
+_OPEN = frozenset({ActionStatus.QUEUED, ActionStatus.RUNNING, ActionStatus.RETRYING})
+
+
+def gates(a: Action) -> bool:
+    """Whether ``a`` keeps the later steps of its session waiting: it has not ended, or it was
+    dead-lettered in a session that holds on failure (an action of no session gates nothing)."""
+    if a.session is None:
+        return False
+    return a.status in _OPEN or (a.status is ActionStatus.DEAD and a.on_failure is SessionFailure.HOLD)

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import abc
 import importlib
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -126,8 +126,16 @@ class Backlog:
         return cls(rows, totals, int(d.get("redeliveries") or 0), int(d.get("pruned") or 0))
 
     @classmethod
-    def count(cls, actions: Sequence[Action], *, redeliveries: int, pruned: int = 0) -> Backlog:
-        """The backlog of a set of actions (those still waiting, running or dead make rows)."""
+    def count(
+        cls,
+        actions: Sequence[Action],
+        *,
+        redeliveries: int,
+        pruned: int = 0,
+        blocked: Collection[str] = (),
+    ) -> Backlog:
+        """The backlog of a set of actions (those still waiting, running or dead make rows);
+        ``blocked``: ids of queued steps that wait for an earlier step of their session."""
         rows: dict[str, dict[str, int]] = {}
         totals: dict[str, int] = {}
         for a in actions:
@@ -137,6 +145,8 @@ class Backlog:
                 continue
             row = rows.setdefault(f"{a.kind}/p{a.priority}", dict.fromkeys(_COLUMNS, 0))
             row[state] += 1
+            if a.id in blocked:
+                row["blocked"] += 1
         return cls({k: BacklogRow(**v) for k, v in rows.items()}, totals, redeliveries, pruned)
 
 

@@ -16,11 +16,11 @@ from pathlib import Path
 from typing import Any
 
 from embodied_bus.actions import lifecycle
-from embodied_bus.actions.lifecycle import Admission
+from embodied_bus.actions.lifecycle import Admission, gates
 from embodied_bus.actions.model import Action, ActionError, ActionStatus, decode_action, encode_action
 from embodied_bus.actions.policy import DEFAULT_RETRY, RetryPolicy
 from embodied_bus.actions.sessions import Sessions
-from embodied_bus.actions.table import UPDATE_ACTION, ActionTable, gates
+from embodied_bus.actions.table import UPDATE_ACTION, ActionTable
 
 __all__ = ["DEFAULT_KEEP_ENDED", "PRUNE_CHUNK", "ActionStore", "Settled"]
 

@@ -7,9 +7,10 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import Any
 
-from embodied_bus.actions.model import Action, ActionStatus, SessionFailure, decode_action, encode_action
+from embodied_bus.actions.lifecycle import gates
+from embodied_bus.actions.model import Action, ActionStatus, decode_action, encode_action
 
-__all__ = ["UPDATE_ACTION", "ActionTable", "gates"]
+__all__ = ["UPDATE_ACTION", "ActionTable"]
 
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS actions (
@@ -47,15 +48,6 @@ UPDATE_ACTION = (
     "UPDATE actions SET status=?, body=?, available_ns=COALESCE(?, available_ns), lease_owner=?, "
     "lease_until_ns=?, deadline_ns=?, gate=? WHERE id=?"
 )
-_OPEN = frozenset({ActionStatus.QUEUED, ActionStatus.RUNNING, ActionStatus.RETRYING})
-
-
-def gates(a: Action) -> bool:
-    """Whether ``a`` keeps the later steps of its session waiting: it has not ended, or it was
-    dead-lettered in a session that holds on failure."""
-    if a.session is None:
-        return False
-    return a.status in _OPEN or (a.status is ActionStatus.DEAD and a.on_failure is SessionFailure.HOLD)
 
 
 class ActionTable:

@@ -32,6 +32,7 @@ from embodied_bus.actions.pulsar.sending import (
     send_runs,
     unavailable,
 )
+from embodied_bus.actions.pulsar.sessions import advance
 from embodied_bus.actions.pulsar.statelog import StateLog
 from embodied_bus.actions.pulsar.topics import (
     DLQ_SUBSCRIPTION,
@@ -153,12 +154,6 @@ class PulsarQueue(ActionQueue):
 
     # ------------------------------------------------------------------ planner side
     async def submit(self, actions: Sequence[Action]) -> list[Submitted]:
-        for a in actions:
-            if a.session is not None:
-                raise ActionError(
-                    f"action {a.id} names session {a.session!r}: the Pulsar action queue does not serve "
-                    "ordered sessions (the Zenoh queue service and the in-process queue do)"
-                )
         await self.start()
         if any(a.idempotency_key for a in actions):
             await self.state.sync()
@@ -188,12 +183,20 @@ class PulsarQueue(ActionQueue):
         for a in fresh:
             data = encode_action(a)
             records.append((a.id, Event.SNAPSHOT, data))
+            if a.session is not None:  # it goes on its topic when it is its session's next (advance)
+                records.append((a.id, Event.ROUTE, msgspec.json.encode(reply_to)))
+                continue
             props = {"eb-attempts": "0", "eb-reply-to": reply_to, "eb-kind": a.kind}
             runs.setdefault(producers[self.topics.queue(a.priority, a.kind)], []).append((data, a.id, props))
-        await asyncio.gather(self.state.enqueue(records), send_runs(runs))
+        logged, _ = await asyncio.gather(self.state.enqueue(records), send_runs(runs))
         for a in fresh:
             if a.idempotency_key:
                 self.state.idem.setdefault(a.idempotency_key, a.id)
+        sessions = {a.session for a in fresh if a.session is not None}
+        if sessions:
+            await self.state.read_back(logged)
+            for session in sessions:
+                await advance(self, session, reply_to)
         return out
 
     def _known(self, a: Action, fresh: list[Action]) -> Submitted | None:
@@ -243,9 +246,12 @@ class PulsarQueue(ActionQueue):
         if a is not None and a.status in (ActionStatus.QUEUED, ActionStatus.RETRYING):
             # removed from the queue: its message is settled by whichever executor receives it
             lifecycle.cancel(a)
-            await self.state.publish(a)
+            logged = await self.state.publish(a)
             if self._on_result is not None:
                 self._on_result(a.copy())
+            if a.session is not None:  # skipped: its session goes on
+                await self.state.read_back(logged)
+                await advance(self, a.session, self.topics.reply(self.name))
         return a
 
     async def _dead(self) -> list[Action]:
@@ -267,14 +273,19 @@ class PulsarQueue(ActionQueue):
         # the message first: a waiting action on the log always has a message to run it
         await self.enqueue(a, self.topics.reply(self.name))
         await self.state.publish(a, Event.REQUEUE)
+        if a.session is not None:
+            await self.state.enqueue([(a.id, Event.RELEASE, b"")])
         await asyncio.to_thread(self._ack_dead_letters, {action_id})
         return a
 
     async def purge_dead(self) -> int:
-        ids = [a.id for a in await self._dead()]
+        dead = await self._dead()
+        ids = [a.id for a in dead]
         await self.state.enqueue([("purge", Event.PURGE, msgspec.json.encode(ids))])
         await asyncio.to_thread(self._ack_dead_letters, set(ids))
         await self.state.sync()
+        for session in {a.session for a in dead if a.session is not None}:  # held ones go on
+            await advance(self, session, self.topics.reply(self.name))
         return len(ids)
 
     def _ack_dead_letters(self, ids: set[str]) -> None:
@@ -302,7 +313,16 @@ class PulsarQueue(ActionQueue):
         actions = self.state.snapshot()
         # attempts started beyond each action's first, over the actions the view keeps
         redeliveries = sum(max(0, sum(1 for t in a.attempts if t.executor) - 1) for a in actions)
-        return Backlog.count(actions, redeliveries=redeliveries)
+        released = self.state.released
+        blocked = {
+            a.id
+            for a in actions
+            if a.session is not None
+            and a.status is ActionStatus.QUEUED
+            and not a.attempts
+            and a.id not in released
+        }
+        return Backlog.count(actions, redeliveries=redeliveries, blocked=blocked)
 
     # ------------------------------------------------------------------ replies
     async def watch_results(self, on_result: Callable[[Action], None]) -> None:

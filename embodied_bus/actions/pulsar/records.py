@@ -45,6 +45,10 @@ class Event(str, enum.Enum):
     LATE = "late"
     #: ``d``: a marker token (waited for by :meth:`StateLog.sync`).
     SYNC = "sync"
+    #: A step of a session was put on its priority topic (``d``: null): it may run.
+    RELEASE = "release"
+    #: ``d``: the reply topic of the planner of a session step (whoever releases it tells it).
+    ROUTE = "route"
     #: ``d``: the action's envelope (reply topics: an ended action).
     RESULT = "result"
     #: ``d``: feedback JSON (reply topics).

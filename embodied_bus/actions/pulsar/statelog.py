@@ -105,6 +105,12 @@ class StateLog:
         self._engine = engine
         self._topics = topics
         self.actions: dict[str, Action] = {}
+        #: The steps of each session, in the order the log first showed them (their order).
+        self.sessions: dict[str, list[str]] = {}
+        #: Session steps put on their priority topics (:attr:`Event.RELEASE`).
+        self.released: set[str] = set()
+        #: The reply topics of the planners of waiting session steps (:attr:`Event.ROUTE`).
+        self.routes: dict[str, str] = {}
         self._ended: deque[str] = deque()
         self.idem: dict[str, str] = {}
         self._lock = threading.Lock()
@@ -219,11 +225,16 @@ class StateLog:
                     self.actions[aid] = Action("unknown", id=aid, cancel_requested=True)
                 elif not old.status.terminal:
                     old.cancel_requested = True
+            elif event == Event.RELEASE:
+                self.released.add(aid)
+            elif event == Event.ROUTE:
+                self.routes[aid] = str(msgspec.json.decode(raw))
             elif event == Event.PURGE:
                 for dead in msgspec.json.decode(raw):
                     a = self.actions.get(dead)
                     if a is not None and a.status is ActionStatus.DEAD:
                         del self.actions[dead]
+                        self._leave_session(a)
             elif event == Event.LATE and old is not None:
                 number, ok, reason = msgspec.json.decode(raw)
                 lifecycle.late_report(old, int(number), ok=bool(ok), reason=str(reason))
@@ -239,6 +250,8 @@ class StateLog:
         elif old is not None:  # a cancel that came before the submit
             new.cancel_requested = True
         self.actions[new.id] = new
+        if new.session is not None and (old is None or old.kind == "unknown"):
+            self.sessions.setdefault(new.session, []).append(new.id)
         if new.idempotency_key and new.idempotency_key not in self.idem:
             self.idem[new.idempotency_key] = new.id
         if new.status.terminal:
@@ -253,10 +266,40 @@ class StateLog:
             old = self.actions.get(old_id)
             if old is not None and old.status.terminal:
                 del self.actions[old_id]
+                self._leave_session(old)
                 if old.idempotency_key and self.idem.get(old.idempotency_key) == old_id:
                     del self.idem[old.idempotency_key]
 
+    def _leave_session(self, a: Action) -> None:
+        steps = self.sessions.get(a.session or "")
+        if steps is not None and a.id in steps:
+            steps.remove(a.id)
+            if not steps:
+                del self.sessions[a.session or ""]
+        self.released.discard(a.id)
+        self.routes.pop(a.id, None)
+
     # ------------------------------------------------------------------ reading the view
+    def session_steps(self, session: str) -> list[Action]:
+        """Copies of the steps of ``session`` the view keeps, in their order."""
+        with self._lock:
+            found = (self.actions.get(i) for i in self.sessions.get(session, ()))
+            return [a.copy() for a in found if a is not None]
+
+    def unreleased_heads(self) -> list[str]:
+        """Sessions whose next step (the first that gates) waits and is on no priority topic."""
+        out = []
+        with self._lock:
+            for session, ids in self.sessions.items():
+                for i in ids:
+                    a = self.actions.get(i)
+                    if a is None or not lifecycle.gates(a):
+                        continue
+                    if a.status is ActionStatus.QUEUED and not a.attempts and i not in self.released:
+                        out.append(session)
+                    break
+        return out
+
     def get(self, action_id: str) -> Action | None:
         """A copy of the view's action."""
         with self._lock:

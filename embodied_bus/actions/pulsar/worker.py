@@ -37,6 +37,7 @@ from embodied_bus.actions.lifecycle import Admission
 from embodied_bus.actions.model import Action, ActionError, ActionStatus, decode_action, encode_action
 from embodied_bus.actions.pulsar.records import Event
 from embodied_bus.actions.pulsar.sending import LoopInbox, send, unavailable
+from embodied_bus.actions.pulsar.sessions import StrandedSteps, advance, waits_in_session
 from embodied_bus.actions.pulsar.topics import EXECUTOR_SUBSCRIPTION, PRIORITY_LEVELS
 from embodied_bus.actions.queue import (
     EXECUTOR_GROUP,
@@ -134,6 +135,7 @@ class PulsarWorker(WorkerLink):
         self._settled: OrderedDict[tuple[str, int], None] = OrderedDict()  # reported here, lately
         self._unavailable: QueueUnavailable | None = None  # a claim found the broker away
         self._tasks: set[asyncio.Future[None]] = set()
+        self._stranded = StrandedSteps()
 
     # ------------------------------------------------------------------ set-up
     async def open(self, on_wake: Callable[[], None], on_pushed: Callable[[list[Lease]], None]) -> None:
@@ -336,6 +338,9 @@ class PulsarWorker(WorkerLink):
     async def _decide(self, env: Action, d: _Delivery) -> Lease | None:
         msg = d.msg
         a = self._current(env)
+        if a.session is not None and not a.status.terminal and waits_in_session(self.q.state, a):
+            self._nack(d)  # an earlier step of its session has not ended: it comes back later
+            return None
         reply_to = msg.properties().get("eb-reply-to", "")
         now = time.time_ns()
         verdict = lifecycle.admit(
@@ -401,6 +406,10 @@ class PulsarWorker(WorkerLink):
                 except QueueUnavailable as err:
                     _log.debug("parked %s: %s", action_id, err)
                     break
+            try:
+                await self._stranded.check(self.q)
+            except QueueUnavailable as err:
+                _log.debug("stranded session steps: %s", err)
 
     async def _recheck(self, action_id: str, deliveries: list[_Delivery]) -> None:
         view = self.q.state.get(action_id)
@@ -489,9 +498,12 @@ class PulsarWorker(WorkerLink):
         if a.status is ActionStatus.DEAD:
             dlq = await self.q.producers.get(self.q.topics.dlq)
             await send(dlq, data, partition_key=a.id, properties={"eb-attempts": str(a.attempt_count)})
-        await self.q.state.publish(a, encoded=data)
+        logged = await self.q.state.publish(a, encoded=data)
         self.q.replies.add(reply_to, a.id, Event.RESULT, data)
         self._ack(*deliveries)
+        if a.session is not None:  # its session's next step may go
+            await self.q.state.read_back(logged)
+            await advance(self.q, a.session, reply_to, died=a if a.status is ActionStatus.DEAD else None)
 
     async def report(self, reports: Sequence[Report], *, take: int = 0) -> ReportReply:
         receipts: list[Receipt | None] = [None] * len(reports)
@@ -512,12 +524,19 @@ class PulsarWorker(WorkerLink):
             else:
                 failures.append((i, r, h))
         if successes:  # their records go out together; each is acknowledged once persisted
-            await self.q.state.enqueue([(h.action.id, Event.SNAPSHOT, data) for _, h, data in successes])
+            logged = await self.q.state.enqueue(
+                [(h.action.id, Event.SNAPSHOT, data) for _, h, data in successes]
+            )
             for i, h, data in successes:
                 self._release(h)
                 self.q.replies.add(h.reply_to, h.action.id, Event.RESULT, data)
                 self._ack(h.delivery, *h.extra)
                 receipts[i] = Receipt(True, h.action.status)
+            sessions = {h.action.session: h.reply_to for _, h, _ in successes if h.action.session is not None}
+            if sessions:  # their sessions' next steps may go
+                await self.q.state.read_back(logged)
+                for session, reply_to in sessions.items():
+                    await advance(self.q, session, reply_to)
         for i, r, h in failures:
             receipts[i] = await self._fail(r, h, now)
         return ReportReply([x if x is not None else Receipt(False, None, "not reported") for x in receipts])
