@@ -195,8 +195,8 @@ class PulsarQueue(ActionQueue):
         sessions = {a.session for a in fresh if a.session is not None}
         if sessions:
             await self.state.read_back(logged)
-            for session in sessions:
-                await advance(self, session, reply_to)
+            # together: their messages and records are sent pipelined, not one round trip each
+            await asyncio.gather(*(advance(self, session, reply_to) for session in sessions))
         return out
 
     def _known(self, a: Action, fresh: list[Action]) -> Submitted | None:

@@ -14,19 +14,21 @@ by a party that died before advancing is released by the executors' sweep
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import time
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from embodied_bus.actions import lifecycle
 from embodied_bus.actions.model import Action, ActionStatus, SessionFailure, encode_action
 from embodied_bus.actions.pulsar.records import Event
+from embodied_bus.actions.queue import QueueUnavailable
 
 if TYPE_CHECKING:
     from embodied_bus.actions.pulsar.queue import PulsarQueue
     from embodied_bus.actions.pulsar.statelog import StateLog
 
-__all__ = ["STRANDED_S", "StrandedSteps", "advance", "waits_in_session"]
+__all__ = ["STRANDED_S", "StrandedSteps", "advance", "advance_after", "waits_in_session"]
 
 _log = logging.getLogger("embodied_bus.actions.pulsar")
 #: An executor releases a session's next step that has waited unreleased this long, seconds.
@@ -63,6 +65,17 @@ async def advance(q: PulsarQueue, session: str, reply_to: str, *, died: Action |
         records.append((head.id, Event.RELEASE, b""))
     if records:
         await q.state.enqueue(records)
+
+
+async def advance_after(q: PulsarQueue, logged: Any, sessions: dict[str, str]) -> None:
+    """Advance ``sessions`` (session -> a reply topic) once the log is read up to ``logged``
+    (the message of the steps that ended); a session this process cannot advance now is
+    released by an executor's sweep."""
+    try:
+        await q.state.read_back(logged)
+        await asyncio.gather(*(advance(q, s, reply_to) for s, reply_to in sessions.items()))
+    except QueueUnavailable as err:
+        _log.debug("sessions %s not advanced here: %s", sorted(sessions)[:3], err)
 
 
 def waits_in_session(view: StateLog, a: Action) -> bool:

@@ -37,7 +37,7 @@ from embodied_bus.actions.lifecycle import Admission
 from embodied_bus.actions.model import Action, ActionError, ActionStatus, decode_action, encode_action
 from embodied_bus.actions.pulsar.records import Event
 from embodied_bus.actions.pulsar.sending import LoopInbox, send, unavailable
-from embodied_bus.actions.pulsar.sessions import StrandedSteps, advance, waits_in_session
+from embodied_bus.actions.pulsar.sessions import StrandedSteps, advance, advance_after, waits_in_session
 from embodied_bus.actions.pulsar.topics import EXECUTOR_SUBSCRIPTION, PRIORITY_LEVELS
 from embodied_bus.actions.queue import (
     EXECUTOR_GROUP,
@@ -533,10 +533,10 @@ class PulsarWorker(WorkerLink):
                 self._ack(h.delivery, *h.extra)
                 receipts[i] = Receipt(True, h.action.status)
             sessions = {h.action.session: h.reply_to for _, h, _ in successes if h.action.session is not None}
-            if sessions:  # their sessions' next steps may go
-                await self.q.state.read_back(logged)
-                for session, reply_to in sessions.items():
-                    await advance(self.q, session, reply_to)
+            if sessions:  # their sessions' next steps may go: released beside the reply, not before it
+                task = asyncio.ensure_future(advance_after(self.q, logged, sessions))
+                self._tasks.add(task)
+                task.add_done_callback(self._tasks.discard)
         for i, r, h in failures:
             receipts[i] = await self._fail(r, h, now)
         return ReportReply([x if x is not None else Receipt(False, None, "not reported") for x in receipts])
