@@ -20,7 +20,7 @@ from typing import Any
 import pytest
 
 from embodied_bus import Bus, open_bus
-from embodied_bus.errors import BusConfigError, BusConnectionError
+from embodied_bus.errors import BusConfigError, BusConnectionError, EmbodiedBusError
 from embodied_bus.state import StateEntry, StateOptions, StateService, StateStore, open_state
 from embodied_bus.state.codec import OP_PUT, decode_entries, decode_request, encode_entries, encode_request
 from embodied_bus.testing.ports import free_port
@@ -393,3 +393,40 @@ async def test_a_zenoh_table_that_missed_writes_catches_up_from_the_service(tmp_
                 await asyncio.sleep(0.02)
     finally:
         service.kill()
+
+
+async def test_a_pulsar_table_rides_a_broker_restart(tmp_path: Path) -> None:
+    """The broker is killed (``kill -9``) and restarted under an open table: a put made while it
+    is down fails (or waits) and names why; once it is back, puts succeed and the table that was
+    open before the crash follows a writer that opened after it."""
+    from embodied_bus.testing.pulsar import PulsarStandalone
+
+    broker = PulsarStandalone(tmp_path / "pulsar")
+    await asyncio.to_thread(broker.start)
+    ns = "st" + uuid.uuid4().hex[:8]
+    try:
+        async with open_bus(broker.url, namespace=ns) as bus:
+            table = await open_state(bus, "robot", StateOptions(request_timeout_s=10))
+            await table.put_many({f"k{i}": i for i in range(50)})
+            await asyncio.to_thread(broker.restart, crash=True)
+            deadline = time.monotonic() + 60
+            while True:  # the client reconnects by itself; a put made before that fails
+                try:
+                    await table.put("k0", "after the restart")
+                    break
+                except (BusConnectionError, BusConfigError, EmbodiedBusError) as err:
+                    assert time.monotonic() < deadline, f"no put succeeded after the restart: {err}"
+                    await asyncio.sleep(0.5)
+            async with open_bus(broker.url, namespace=ns) as other:
+                late = await open_state(other, "robot", StateOptions(request_timeout_s=30))
+                assert {k: e.value for k, e in late.snapshot().items()} == {
+                    **{f"k{i}": i for i in range(50)},
+                    "k0": "after the restart",
+                }
+                await late.put("k1", "from the late writer")
+            deadline = time.monotonic() + 30
+            while await table.get("k1") != "from the late writer":
+                assert time.monotonic() < deadline, "the table opened before the crash stopped following"
+                await asyncio.sleep(0.05)
+    finally:
+        await asyncio.to_thread(broker.cleanup)

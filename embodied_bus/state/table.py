@@ -92,6 +92,7 @@ class StateTable:
         self._last_stamp_ns = 0
         self._closed = False
         self._closing: asyncio.Future[None] | None = None
+        self._detach: Callable[[], None] | None = None  # forgets the bus's close callback
         #: Changes dropped because a watcher fell behind by more than ``watch_queue``.
         self.watch_dropped = 0
 
@@ -191,6 +192,8 @@ class StateTable:
         if self._closed:
             return
         self._closed = True
+        if self._detach is not None:
+            self._detach()
         for w in self._watches:
             if w.queue.full():
                 w.queue.get_nowait()
@@ -230,4 +233,5 @@ async def open_state(bus: Bus, name: str, options: StateOptions | None = None) -
         await table.close()
         raise
     bus.add_close_callback(table._close_soon)
+    table._detach = lambda: bus.remove_close_callback(table._close_soon)
     return table
