@@ -409,6 +409,9 @@ def test_pulsar_urls_are_parsed() -> None:
     assert s.namespace == "r2"
     d = parse_bus_url("pulsar://localhost")
     assert isinstance(d, PulsarSettings) and d.service_url == "pulsar://localhost:6650"
+    cluster = parse_bus_url("pulsar://b1:6650,b2,[::1]:7?ns=r3")  # the brokers of one cluster
+    assert isinstance(cluster, PulsarSettings)
+    assert cluster.service_url == "pulsar://b1:6650,b2:6650,[::1]:7" and cluster.namespace == "r3"
 
 
 @pytest.mark.parametrize(
@@ -475,6 +478,8 @@ def test_a_zenoh_config_file_that_sets_the_shared_memory_pool_keeps_it(tmp_path)
         ("zenoh:?timeout=-1", "timeout"),
         ("pulsar://", "needs a host"),
         ("pulsar://h:6650?persist=1", "unknown pulsar URL option"),
+        ("pulsar://h:66x", "bad port '66x'"),
+        ("pulsar://a:6650,:6651", "needs a host"),
         ("", "non-empty"),
     ],
 )

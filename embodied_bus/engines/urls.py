@@ -17,6 +17,7 @@ Zenoh (embedded, the default)::
 Apache Pulsar (a cluster)::
 
     pulsar://broker:6650?tenant=public&pulsar_namespace=default
+    pulsar://broker1:6650,broker2:6650       several brokers of one cluster (tried in turn)
     pulsar+ssl://broker:6651?tls_ca=/path/ca.pem&token_file=/path/token
 
 Every URL accepts ``ns=<robot namespace>`` and ``timeout=<seconds>`` (connect timeout).
@@ -159,7 +160,7 @@ class PulsarSettings:
     """How to reach an Apache Pulsar cluster.
 
     Attributes:
-        service_url: ``pulsar://host:port`` or ``pulsar+ssl://host:port``.
+        service_url: ``pulsar://host:port[,host:port...]`` or ``pulsar+ssl://...``.
         tenant: Pulsar tenant of the bus topics.
         pulsar_namespace: Pulsar namespace of the bus topics.
         tls_trust_certs_file: CA bundle for ``pulsar+ssl``.
@@ -353,18 +354,33 @@ def _zenoh_settings(u: _ParsedUrl) -> ZenohSettings:
     )
 
 
+def _pulsar_hosts(u: _ParsedUrl, scheme: str) -> str:
+    """``host:port[,host:port...]`` of a Pulsar URL (several brokers of one cluster: the client
+    tries them in turn), each with the scheme's default port where it has none."""
+    default_port = 6651 if scheme == "pulsar+ssl" else 6650
+    hosts = []
+    for item in u.parts.netloc.rpartition("@")[2].split(","):
+        item = item.strip()
+        if item.startswith("["):  # an IPv6 address
+            end = item.find("]") + 1
+            host, port = item[:end], item[end + 1 :] if item[end : end + 1] == ":" else ""
+        else:
+            host, _, port = item.partition(":")
+        if not host:
+            raise BusConfigError(f"Pulsar URL {u.url!r} needs a host, e.g. pulsar://localhost:6650")
+        if port and not (port.isdigit() and 0 < int(port) < 65536):
+            raise BusConfigError(f"bad port {port!r} in bus URL {u.url!r}")
+        hosts.append(f"{host}:{port or default_port}")
+    return ",".join(hosts)
+
+
 def _pulsar_settings(u: _ParsedUrl) -> PulsarSettings:
-    scheme, host = u.parts.scheme.lower(), u.parts.hostname
-    if not host:
-        raise BusConfigError(f"Pulsar URL {u.url!r} needs a host, e.g. pulsar://localhost:6650")
-    try:
-        port = u.parts.port or (6651 if scheme == "pulsar+ssl" else 6650)
-    except ValueError as err:
-        raise BusConfigError(f"bad port in bus URL {u.url!r}") from err
+    scheme = u.parts.scheme.lower()
+    hosts = _pulsar_hosts(u, scheme)
     u.check_known("pulsar", _PULSAR_OPTIONS)
     opt = u.options
     return PulsarSettings(
-        service_url=f"{scheme}://{host}:{port}",
+        service_url=f"{scheme}://{hosts}",
         tenant=opt.get("tenant", "public"),
         pulsar_namespace=opt.get("pulsar_namespace", "default"),
         tls_trust_certs_file=opt.get("tls_ca") or None,

@@ -353,9 +353,11 @@ class PulsarStandalone:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """``python -m embodied_bus.testing.pulsar fetch|run``."""
+    """``python -m embodied_bus.testing.pulsar fetch|run|cluster``."""
     parser = argparse.ArgumentParser(prog="python -m embodied_bus.testing.pulsar")
-    parser.add_argument("command", choices=["fetch", "run"])
+    parser.add_argument("command", choices=["fetch", "run", "cluster"])
+    parser.add_argument("--brokers", type=int, default=2, help="cluster: brokers (default 2)")
+    parser.add_argument("--bookies", type=int, default=2, help="cluster: bookies (default 2)")
     args = parser.parse_args(argv)
     home = ensure_pulsar_distribution()
     if args.command == "fetch":
@@ -365,10 +367,12 @@ def main(argv: list[str] | None = None) -> int:
     def terminate(signum: int, frame: object) -> None:
         raise SystemExit(128 + signum)
 
-    # A broker's data directory grows to gigabytes: SIGTERM and SIGHUP remove it too (before,
-    # only Ctrl-C did, and every `kill` left one behind in /tmp).
+    # A broker's data directory grows to gigabytes: SIGTERM and SIGHUP remove it too, as Ctrl-C
+    # does (a `kill` would otherwise leave one behind in /tmp).
     signal.signal(signal.SIGTERM, terminate)
     signal.signal(signal.SIGHUP, terminate)
+    if args.command == "cluster":
+        return _run_cluster(args.brokers, args.bookies)
     broker = PulsarStandalone(home=home)
     try:
         broker.start()
@@ -382,6 +386,22 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     finally:
         broker.cleanup()
+
+
+def _run_cluster(brokers: int, bookies: int) -> int:
+    """Start a cluster, print its JSON line, run until SIGTERM or Ctrl-C, then stop it."""
+    from embodied_bus.testing.cluster import PulsarCluster
+
+    cluster = PulsarCluster(brokers, bookies)
+    try:
+        cluster.start()
+        print(json.dumps(cluster.describe()), flush=True)
+        while True:
+            time.sleep(3600)
+    except (KeyboardInterrupt, SystemExit):
+        return 0
+    finally:
+        cluster.cleanup()
 
 
 if __name__ == "__main__":
