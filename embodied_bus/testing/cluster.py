@@ -25,7 +25,7 @@ from pathlib import Path
 from typing import Any
 
 from embodied_bus.testing.ports import free_ports
-from embodied_bus.testing.pulsar import LOW_LATENCY_CONF, ensure_pulsar_distribution
+from embodied_bus.testing.pulsar import LOW_LATENCY_CONF, ensure_pulsar_distribution, write_conf
 
 __all__ = ["SESSION_TIMEOUT_MS", "Member", "PulsarCluster"]
 
@@ -57,20 +57,6 @@ class Member:
         return self.proc is not None and self.proc.poll() is None
 
 
-def _write_conf(template: Path, out: Path, values: dict[str, str]) -> Path:
-    lines, seen = [], set()
-    for line in template.read_text().splitlines():
-        key = line.split("=", 1)[0].strip()
-        if not line.startswith("#") and key in values:
-            lines.append(f"{key}={values[key]}")
-            seen.add(key)
-        else:
-            lines.append(line)
-    lines.extend(f"{k}={v}" for k, v in values.items() if k not in seen)
-    out.write_text("\n".join(lines) + "\n")
-    return out
-
-
 class PulsarCluster:
     """ZooKeeper, ``bookies`` bookies and ``brokers`` brokers of one cluster (``test``).
 
@@ -91,7 +77,7 @@ class PulsarCluster:
         self.zookeeper = Member(
             "zookeeper",
             "zookeeper",
-            _write_conf(
+            write_conf(
                 conf / "zookeeper.conf",
                 self.data_dir / "zookeeper.conf",
                 {
@@ -121,7 +107,7 @@ class PulsarCluster:
                 "zkTimeout": str(SESSION_TIMEOUT_MS),
                 "journalFlushWhenQueueEmpty": LOW_LATENCY_CONF["journalFlushWhenQueueEmpty"],
             }
-            path = _write_conf(conf / "bookkeeper.conf", self.data_dir / f"bookie{i}.conf", values)
+            path = write_conf(conf / "bookkeeper.conf", self.data_dir / f"bookie{i}.conf", values)
             self.bookies.append(Member("bookie", f"bookie{i}", path, {"bookie": port}))
         self.brokers: list[Member] = []
         for i in range(brokers):
@@ -144,7 +130,7 @@ class PulsarCluster:
                     "managedLedgerNewEntriesCheckDelayInMillis"
                 ],
             }
-            path = _write_conf(conf / "broker.conf", self.data_dir / f"broker{i}.conf", values)
+            path = write_conf(conf / "broker.conf", self.data_dir / f"broker{i}.conf", values)
             self.brokers.append(Member("broker", f"broker{i}", path, {"service": service, "web": web}))
 
     # ------------------------------------------------------------------ addresses

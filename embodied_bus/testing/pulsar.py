@@ -37,6 +37,7 @@ __all__ = [
     "PulsarStandalone",
     "ensure_pulsar_distribution",
     "hs256_token",
+    "write_conf",
 ]
 
 #: Apache Pulsar version used by tests (4.0 LTS: Key_Shared with PIP-379).
@@ -85,6 +86,22 @@ def hs256_token(secret: bytes, subject: str) -> str:
     body = b64(json.dumps({"sub": subject}, separators=(",", ":")).encode())
     sig = hmac.new(secret, f"{head}.{body}".encode(), hashlib.sha256).digest()
     return f"{head}.{body}.{b64(sig)}"
+
+
+def write_conf(template: Path, out: Path, values: dict[str, str]) -> Path:
+    """Write ``template`` (a Pulsar ``key=value`` file) to ``out`` with ``values`` set: each
+    replaces its line, the others are added at the end; returns ``out``."""
+    lines, seen = [], set()
+    for line in template.read_text().splitlines():
+        key = line.split("=", 1)[0].strip()
+        if not line.startswith("#") and key in values:
+            lines.append(f"{key}={values[key]}")
+            seen.add(key)
+        else:
+            lines.append(line)
+    lines.extend(f"{k}={v}" for k, v in values.items() if k not in seen)
+    out.write_text("\n".join(lines) + "\n")
+    return out
 
 
 def cache_dir() -> Path:
