@@ -21,6 +21,7 @@ SECTIONS = [
     ("embodied_bus.fusion", "Fused perception"),
     ("embodied_bus.actions", "Actions"),
     ("embodied_bus.state", "Latest-value state"),
+    ("embodied_bus.uplink", "Fleet uplink"),
     ("embodied_bus.security", "Security"),
     ("embodied_bus.replay", "Recordings"),
     ("embodied_bus.rosmsg", "ROS messages without ROS"),

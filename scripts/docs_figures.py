@@ -77,6 +77,61 @@ def fusion_timing(out: Path) -> None:
     plt.close(fig)
 
 
+def fleet_deployment(out: Path) -> None:
+    """Robots with their own Zenoh bus and an uplink (spool on disk) reach a Pulsar cluster over
+    links that drop; fleet services read the robots' namespaces there."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(10, 4.2))
+    ax.set_xlim(0, 100)
+    ax.set_ylim(0, 44)
+    ax.axis("off")
+
+    def box(x: float, y: float, w: float, h: float, text: str, color: str, size: int = 8) -> None:
+        ax.add_patch(plt.Rectangle((x, y), w, h, fc=color, ec="#555555", lw=0.8))
+        ax.text(x + w / 2, y + h / 2, text, ha="center", va="center", fontsize=size)
+
+    for i, y in enumerate((28.0, 4.0)):
+        name = f"robot r{i + 1}"
+        ax.add_patch(plt.Rectangle((1, y), 36, 13, fc="#f4f4f4", ec="#999999", lw=0.8, ls="--"))
+        ax.text(2, y + 11.6, f"{name}: its own Zenoh bus", fontsize=8, color="#555555")
+        box(3, y + 1.5, 10, 8, "sensors\nfusion\nexecutors", "#dbe8f5", 7)
+        box(16, y + 1.5, 9, 8, "queue &\nstate\nservice", "#dbe8f5", 7)
+        box(28, y + 1.5, 8, 8, "uplink\n+ spool\n(disk)", "#fde2c8", 7)
+        ax.annotate(
+            "",
+            xy=(57, y + 6),
+            xytext=(36, y + 5.5),
+            arrowprops={"arrowstyle": "<->", "color": "#c0392b", "ls": "--"},
+        )
+        ax.text(46.5, y + 7.0, "Wi-Fi / LTE\n(drops)", ha="center", fontsize=7, color="#c0392b")
+    ax.add_patch(plt.Rectangle((57, 2), 24, 40, fc="#eef5ea", ec="#999999", lw=0.8))
+    ax.text(69, 39.5, "Pulsar cluster", ha="center", fontsize=9)
+    for k, y in enumerate((28.0, 19.0)):
+        box(60, y, 18, 7, f"broker {k}", "#cfe8c8")
+    for k, x in enumerate((60.0, 70.0)):
+        box(x, 8, 8, 6, f"bookie {k}", "#e3f1de", 7)
+    box(60, 3, 18, 3.5, "metadata store", "#e3f1de", 7)
+    box(85, 26, 14, 9, "fleet\nplanners,\ndashboards", "#e8e0f3", 7)
+    box(85, 12, 14, 9, "fleet fusion\n(Key_Shared)", "#e8e0f3", 7)
+    for y in (30.5, 16.5):
+        ax.annotate("", xy=(85, y), xytext=(81, y), arrowprops={"arrowstyle": "<->", "color": "#555555"})
+    ax.text(
+        46.5,
+        0.5,
+        "up: chosen streams and frames, by class and rate; down: actions, state",
+        ha="center",
+        fontsize=7,
+        color="#555555",
+    )
+    fig.savefig(out, format="svg", bbox_inches="tight")
+    plt.close(fig)
+
+
 def on_pre_build(config: Any) -> None:
     IMAGES.mkdir(exist_ok=True)
     fusion_timing(IMAGES / "fusion-timing.svg")
+    fleet_deployment(IMAGES / "fleet-deployment.svg")

@@ -160,7 +160,10 @@ def pulsar_broker() -> Iterator[PulsarStandalone | None]:
         yield None
         return
     # compaction thresholds (state tables) are checked every 2 s instead of every minute
-    broker = PulsarStandalone(extra_conf={"brokerServiceCompactionMonitorIntervalInSeconds": "2"})
+    broker = PulsarStandalone(
+        extra_conf={"brokerServiceCompactionMonitorIntervalInSeconds": "2"},
+        listener="robots",  # robots on a link a test can cut (test_uplink.py)
+    )
     try:
         broker.start()
         yield broker

@@ -179,11 +179,13 @@ def fail(a: Action, reason: str, policy: RetryPolicy, now: int, *, permanent: bo
     return _after_failure(a, policy, now, permanent=permanent)
 
 
-def lose(a: Action, policy: RetryPolicy, now: int) -> Decision:
-    """The open attempt's executor is gone: the attempt counts as ``lost``."""
+def lose(a: Action, policy: RetryPolicy, now: int, *, reason: str = "") -> Decision:
+    """The open attempt's executor is gone: the attempt counts as ``lost`` (``reason`` says why
+    when it is not that the executor stopped answering)."""
     held = a.open_attempt
     who = held.executor if held is not None else "?"
-    _close(a, Outcome.LOST, f"executor {who} stopped answering (process died or its liveness expired)", now)
+    why = reason or f"executor {who} stopped answering (process died or its liveness expired)"
+    _close(a, Outcome.LOST, why, now)
     return _after_failure(a, policy, now, permanent=False)
 
 

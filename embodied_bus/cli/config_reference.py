@@ -23,6 +23,7 @@ from embodied_bus.fusion.spec import SpecDocument, StreamDocument
 from embodied_bus.fusion.stages import STAGE_DOCUMENTS, StageDocument
 from embodied_bus.ros import config as robot
 from embodied_bus.ros.discovery import DiscoverDocument
+from embodied_bus.uplink.config import RouteDocument, UplinkDocument
 
 __all__ = ["Section", "UndocumentedKey", "markdown", "section_rows"]
 
@@ -54,6 +55,8 @@ ROBOT = (
     Section("clock.", robot.ClockDocument),
     Section("security.", robot.SecurityDocument),
     Section("discover.", DiscoverDocument),
+    Section("uplink.", UplinkDocument),
+    Section("uplink.streams.<stream>.", RouteDocument),
 )
 FUSION = (Section("", SpecDocument), Section("streams.<name>.", StreamDocument))
 STAGES = (

@@ -29,6 +29,7 @@ from embodied_bus.cli import (
     state,
     streams,
     top,
+    uplink,
     view,
 )
 from embodied_bus.errors import EmbodiedBusError
@@ -66,6 +67,7 @@ def build_parser() -> argparse.ArgumentParser:
         ros_bridge,
         keys,
         state,
+        uplink,
         doctor,
     )
     for module in subcommands:

@@ -166,6 +166,8 @@ class PulsarSettings:
         tls_trust_certs_file: CA bundle for ``pulsar+ssl``.
         tls_allow_insecure: Accept any broker certificate (testing only).
         token: Authentication token (JWT) if the cluster requires one.
+        listener: The brokers' advertised listener whose addresses this client uses (clients
+            outside the cluster's network, e.g. robots on a cellular link).
         connect_timeout_s: Seconds to reach the broker before failing.
         namespace: Robot namespace; topics are named ``eb.<namespace>.<stream>``.
     """
@@ -176,6 +178,7 @@ class PulsarSettings:
     tls_trust_certs_file: str | None = None
     tls_allow_insecure: bool = False
     token: str | None = None
+    listener: str | None = None
     connect_timeout_s: float = DEFAULT_CONNECT_TIMEOUT_S
     namespace: str = DEFAULT_NAMESPACE
     extra: dict[str, str] = field(default_factory=dict)
@@ -323,6 +326,11 @@ PULSAR_URL_OPTIONS = (
     UrlOption("tls_allow_insecure", "Accept any broker certificate (testing only), `1` or `0`", "0"),
     UrlOption("token", "Authentication token (JWT), inline"),
     UrlOption("token_file", "A file holding the token"),
+    UrlOption(
+        "listener",
+        "The brokers' advertised listener to use (`advertisedListeners`), for clients outside the "
+        "cluster's network",
+    ),
 )
 _ZENOH_OPTIONS = {o.name for o in ZENOH_URL_OPTIONS}
 _PULSAR_OPTIONS = {o.name for o in PULSAR_URL_OPTIONS}
@@ -386,6 +394,7 @@ def _pulsar_settings(u: _ParsedUrl) -> PulsarSettings:
         tls_trust_certs_file=opt.get("tls_ca") or None,
         tls_allow_insecure=_flag("tls_allow_insecure", opt.get("tls_allow_insecure", "0")),
         token=opt.get("token") or _read_token(opt.get("token_file")),
+        listener=opt.get("listener") or None,
         connect_timeout_s=u.connect_timeout_s,
         namespace=u.namespace,
     )

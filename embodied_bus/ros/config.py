@@ -457,6 +457,7 @@ class RobotDocument(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
         actions: Actions between the queue and ROS 2.
         security: Seal the robot's action queue (none: unsealed).
         discover: ROS topics chosen by pattern, with types from the graph (besides ``streams``).
+        uplink: The robot's link to its fleet (``embodied-bus uplink --config``; its own table).
     """
 
     bus: str | None = None
@@ -469,6 +470,7 @@ class RobotDocument(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
     actions: Any = None
     security: Any = None
     discover: Any = None
+    uplink: Any = None
 
 
 class SecurityDocument(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):

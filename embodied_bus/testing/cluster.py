@@ -194,6 +194,18 @@ class PulsarCluster:
             os.killpg(member.proc.pid, signal.SIGKILL)
             member.proc.wait(30)
 
+    def restore(self, timeout_s: float = 120.0) -> None:
+        """Start again every member that is not running; wait until the brokers serve."""
+        deadline = time.monotonic() + timeout_s
+        down = [m for m in [self.zookeeper, *self.bookies, *self.brokers] if not m.alive()]
+        for member in down:
+            self.start_member(member)
+        for member in down:
+            if member in self.brokers:
+                self.wait_broker(member, deadline)
+            elif member in self.bookies:
+                self._wait_port(member, member.ports["bookie"], deadline)
+
     def tail(self, member: Member, lines: int = 30) -> str:
         try:
             text = (self.data_dir / f"{member.name}.log").read_text(errors="replace")

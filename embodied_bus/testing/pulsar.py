@@ -152,6 +152,10 @@ class PulsarStandalone:
         extra_conf: ``standalone.conf`` keys to override (applied after the defaults, which
             include :data:`LOW_LATENCY_CONF`).
         admin_token: Token for the admin API (when the broker has authentication enabled).
+        listener: Also advertise the broker under this listener name at
+            ``127.0.0.1:<listener_port>`` (a port reserved here, on which nothing listens until
+            a test puts a link there, e.g. a :class:`~embodied_bus.testing.linkproxy.LinkProxy`
+            to :attr:`broker_port`); clients with ``?listener=<name>`` are given that address.
     """
 
     def __init__(
@@ -161,12 +165,14 @@ class PulsarStandalone:
         home: Path | None = None,
         extra_conf: dict[str, str] | None = None,
         admin_token: str | None = None,
+        listener: str | None = None,
     ) -> None:
         self.admin_token = admin_token
+        self.listener = listener
         self.home = home or ensure_pulsar_distribution()
         self._own_dir = data_dir is None
         self.data_dir = Path(data_dir or tempfile.mkdtemp(prefix="eb-pulsar-"))
-        self.broker_port, self.web_port, self.bk_port = free_ports(3)
+        self.broker_port, self.web_port, self.bk_port, self.listener_port = free_ports(4)
         self.extra_conf = dict(extra_conf or {})
         self.proc: subprocess.Popen[bytes] | None = None
 
@@ -174,6 +180,11 @@ class PulsarStandalone:
     def url(self) -> str:
         """Broker service URL."""
         return f"pulsar://127.0.0.1:{self.broker_port}"
+
+    @property
+    def listener_url(self) -> str:
+        """The service URL of a client that reaches the broker through :attr:`listener_port`."""
+        return f"pulsar://127.0.0.1:{self.listener_port}?listener={self.listener}"
 
     @property
     def web_url(self) -> str:
@@ -190,19 +201,13 @@ class PulsarStandalone:
             **LOW_LATENCY_CONF,
             **self.extra_conf,
         }
-        lines = []
-        seen = set()
-        for line in (self.home / "conf" / "standalone.conf").read_text().splitlines():
-            key = line.split("=", 1)[0].strip()
-            if not line.startswith("#") and key in conf:
-                lines.append(f"{key}={conf[key]}")
-                seen.add(key)
-            else:
-                lines.append(line)
-        lines.extend(f"{k}={v}" for k, v in conf.items() if k not in seen)
-        path = self.data_dir / "standalone.conf"
-        path.write_text("\n".join(lines) + "\n")
-        return path
+        if self.listener:
+            conf["advertisedListeners"] = (
+                f"internal:pulsar://127.0.0.1:{self.broker_port},"
+                f"{self.listener}:pulsar://127.0.0.1:{self.listener_port}"
+            )
+            conf["internalListenerName"] = "internal"
+        return write_conf(self.home / "conf" / "standalone.conf", self.data_dir / "standalone.conf", conf)
 
     def start(self, timeout_s: float = 180.0) -> None:
         """Start the broker and wait until it serves lookups and can create ledgers.

@@ -35,6 +35,7 @@ import pulsar
 from embodied_bus.actions import lifecycle
 from embodied_bus.actions.lifecycle import Admission
 from embodied_bus.actions.model import Action, ActionError, ActionStatus, decode_action, encode_action
+from embodied_bus.actions.pulsar.claims import DoubtfulClaims
 from embodied_bus.actions.pulsar.records import Event
 from embodied_bus.actions.pulsar.sending import LoopInbox, send, unavailable
 from embodied_bus.actions.pulsar.sessions import StrandedSteps, advance, advance_after, waits_in_session
@@ -136,6 +137,7 @@ class PulsarWorker(WorkerLink):
         self._unavailable: QueueUnavailable | None = None  # a claim found the broker away
         self._tasks: set[asyncio.Future[None]] = set()
         self._stranded = StrandedSteps()
+        self._doubtful = DoubtfulClaims(spec.session)
 
     # ------------------------------------------------------------------ set-up
     async def open(self, on_wake: Callable[[], None], on_pushed: Callable[[list[Lease]], None]) -> None:
@@ -377,8 +379,11 @@ class PulsarWorker(WorkerLink):
         if wait_s > 0:  # the rest of a retry backoff the broker rounded away
             await asyncio.sleep(wait_s)
         attempt = lifecycle.start(a, self.spec.name, self.spec.session, time.time_ns())
-        msg_id = await self.q.state.publish(a)
-        await self.q.state.read_back(msg_id)
+        try:
+            await self.q.state.read_back(await self.q.state.publish(a))
+        except BaseException:
+            self._doubtful.add(a, reply_to)  # on the log maybe, and run by nobody
+            raise
         with self.q.state.peek(a.id) as view:
             current = view.open_attempt if view is not None else None
             stood = (
@@ -408,8 +413,12 @@ class PulsarWorker(WorkerLink):
                     break
             try:
                 await self._stranded.check(self.q)
+                await self._doubtful.resolve(self.q, self._busy, self.settle)
             except QueueUnavailable as err:
-                _log.debug("stranded session steps: %s", err)
+                _log.debug("stranded steps or doubtful claims: %s", err)
+
+    def _busy(self, action_id: str) -> bool:
+        return action_id in self._held or action_id in self._admitting
 
     async def _recheck(self, action_id: str, deliveries: list[_Delivery]) -> None:
         view = self.q.state.get(action_id)

@@ -77,6 +77,8 @@ class PulsarEngine(Engine):
             kwargs["use_tls"] = True
             kwargs["tls_trust_certs_file_path"] = settings.tls_trust_certs_file
             kwargs["tls_allow_insecure_connection"] = settings.tls_allow_insecure
+        if settings.listener:
+            kwargs["listener_name"] = settings.listener
         if settings.token:
             kwargs["authentication"] = pulsar.AuthenticationToken(settings.token)
         client = pulsar.Client(settings.service_url, **kwargs)

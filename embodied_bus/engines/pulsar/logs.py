@@ -16,7 +16,17 @@ _logger = logging.getLogger("embodied_bus.pulsar")
 #: The C++ client logs natively (warnings and errors; see ``native_logger``). A Python logger would be called
 #: from the client's I/O threads, also while the interpreter shuts down, and a thread that needs
 #: the GIL then is ended by Python mid-C++ frame: the process aborts (std::terminate).
-CLIENT_LOG_LEVEL = pulsar.LoggerLevel.Warn
+#: ``EMBODIED_BUS_PULSAR_LOG=debug|info|warn|error`` sets its level (default ``warn``); ``info``
+#: shows each reconnection and lookup, which tells where a client waits after a broker died.
+_LEVELS = {
+    "debug": pulsar.LoggerLevel.Debug,
+    "info": pulsar.LoggerLevel.Info,
+    "warn": pulsar.LoggerLevel.Warn,
+    "error": pulsar.LoggerLevel.Error,
+}
+CLIENT_LOG_LEVEL = _LEVELS.get(
+    os.environ.get("EMBODIED_BUS_PULSAR_LOG", "warn").lower(), pulsar.LoggerLevel.Warn
+)
 
 
 def native_logger() -> Any:
