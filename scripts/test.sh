@@ -18,7 +18,7 @@ scripts/setup.sh pulsar,test
 # share two cores well; the tests marked serial (processes killed, real-time replays, ROS
 # launches) then run alone. Each run is bounded, so a hang fails fast instead of eating CI's hour.
 status=0
-timeout --kill-after=60s 30m .venv/bin/python -m pytest -n 2 -m "not serial" --durations=15 "$@" || status=$?
+timeout --kill-after=60s 30m .venv/bin/python -m pytest -n 2 --dist loadgroup -m "not serial" --durations=15 "$@" || status=$?
 [ "$status" -eq 5 ] && status=0  # nothing selected (arguments naming serial tests only)
 serial=0
 timeout --kill-after=60s 30m .venv/bin/python -m pytest -m serial --durations=15 "$@" || serial=$?

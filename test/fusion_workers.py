@@ -17,7 +17,8 @@ from typing import Any
 
 from embodied_bus.fusion import FusionSpec, MultiModalFrame, decode_frame
 from embodied_bus.fusion.offline import FrameRecord, frame_record, offline_frames
-from embodied_bus.model import Sample
+from embodied_bus.model import Header, HeaderFlags, Modality, Sample
+from embodied_bus.replay import RecordedMessage, modality_of, read_recording, topic_to_stream
 from embodied_bus.streams.subscriber import Subscription
 
 CLI = [sys.executable, "-m", "embodied_bus.cli.main"]
@@ -142,3 +143,36 @@ def assert_one_workers_frames(
     assert all(s.get("outside_slots", 0) == 0 for s in summaries), summaries
     assert not lost, f"lost {len(lost)} frame(s): {lost[:10]}"
     return lost
+
+
+def recorded_samples(
+    path: Path, topics: tuple[str, ...], spec: FusionSpec, duration_s: float
+) -> list[Sample]:
+    """The recording's samples as replay publishes them (its first ``duration_s`` of log time),
+    in its order."""
+    seqs: dict[str, int] = {}
+    out = []
+    first: int | None = None
+    for m in read_recording(path, topics=list(topics)):
+        assert isinstance(m, RecordedMessage)
+        first = m.log_time_ns if first is None else first
+        if m.log_time_ns - first > duration_s * 1e9:
+            break
+        stream = topic_to_stream(m.topic)
+        seqs[stream] = seqs.get(stream, 0) + 1
+        h = Header(
+            stream=stream,
+            modality=Modality.parse(modality_of(m.msgtype)),
+            seq=seqs[stream],
+            stamp_ns=m.stamp_ns,
+            bucket=spec.clock.bucket_of(m.stamp_ns),
+            bucket_width_ns=spec.clock.width_ns,
+            bucket_offset_ns=spec.clock.offset_ns,
+            encoding=f"cdr:{m.msgtype}",
+            frame_id=m.frame_id,
+            publisher_id=hash(stream) & 0xFFFFFFFF,
+            publish_ns=m.log_time_ns,
+            flags=HeaderFlags.NONE,
+        )
+        out.append(Sample(h, b"", m.log_time_ns))
+    return out

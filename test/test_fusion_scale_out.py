@@ -24,17 +24,16 @@ from fusion_workers import (
     last_json,
     one_worker_frames,
     ready_line,
+    recorded_samples,
     stop_all,
     worker,
 )
 
 from embodied_bus import Backpressure, PublisherOptions, SubscriptionOptions, open_bus
-from embodied_bus.fusion import FusionSpec, decode_frame, load_spec
+from embodied_bus.fusion import decode_frame, load_spec
 from embodied_bus.fusion.offline import digest, frame_record
 from embodied_bus.fusion.ownership import rendezvous_owner
 from embodied_bus.fusion.worker import FusionWorker, frames_stream
-from embodied_bus.model import Header, HeaderFlags, Modality, Sample
-from embodied_bus.replay import RecordedMessage, modality_of, read_recording, topic_to_stream
 from embodied_bus.replay.synthetic import write_recording
 from embodied_bus.sim.scenario import Scenario, generate
 from embodied_bus.testing.ports import free_port
@@ -259,39 +258,6 @@ TILT_SPEC: dict[str, Any] = {
 SLICE_S = 8.0
 
 
-def _recorded_samples(
-    path: Path, topics: tuple[str, ...], spec: FusionSpec, duration_s: float
-) -> list[Sample]:
-    """The recording's samples as replay publishes them (its first ``duration_s`` of log time),
-    in its order."""
-    seqs: dict[str, int] = {}
-    out = []
-    first: int | None = None
-    for m in read_recording(path, topics=list(topics)):
-        assert isinstance(m, RecordedMessage)
-        first = m.log_time_ns if first is None else first
-        if m.log_time_ns - first > duration_s * 1e9:
-            break
-        stream = topic_to_stream(m.topic)
-        seqs[stream] = seqs.get(stream, 0) + 1
-        h = Header(
-            stream=stream,
-            modality=Modality.parse(modality_of(m.msgtype)),
-            seq=seqs[stream],
-            stamp_ns=m.stamp_ns,
-            bucket=spec.clock.bucket_of(m.stamp_ns),
-            bucket_width_ns=spec.clock.width_ns,
-            bucket_offset_ns=spec.clock.offset_ns,
-            encoding=f"cdr:{m.msgtype}",
-            frame_id=m.frame_id,
-            publisher_id=hash(stream) & 0xFFFFFFFF,
-            publish_ns=m.log_time_ns,
-            flags=HeaderFlags.NONE,
-        )
-        out.append(Sample(h, b"", m.log_time_ns))
-    return out
-
-
 #: (workers, whether the second is SIGKILLed mid-stream)
 LAYOUTS = {"one": (1, False), "three": (3, False), "three-one-killed": (3, True)}
 
@@ -310,7 +276,7 @@ async def refuse(
     and check that they give the offline computation's frames, each once, none lost."""
     n_workers, kill = LAYOUTS[layout]
     spec = load_spec(spec_path)
-    expected = one_worker_frames(spec, _recorded_samples(path, topics, spec, duration_s))
+    expected = one_worker_frames(spec, recorded_samples(path, topics, spec, duration_s))
     ns = f"refuse{engine_name}{uuid.uuid4().hex[:8]}"
     if engine_name == "zenoh":
         port = free_port()

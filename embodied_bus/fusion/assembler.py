@@ -50,6 +50,9 @@ _STAMP_FALLBACK = int(HeaderFlags.STAMP_FALLBACK)
 #: A stream still delivering but this far behind the others (event time past a frame's
 #: lateness bound) is given up anyway, to bound memory (ns).
 MAX_LAG_NS = 10_000_000_000
+#: A stream whose subscription is reconnecting (see :meth:`Assembler.hold`) is waited for until
+#: the others are this far ahead (event time past a frame's lateness bound, ns).
+MAX_HOLD_NS = 60_000_000_000
 #: A stream that has delivered nothing yet is waited for this long after the first sample of
 #: any stream (wall clock, ns): subscriptions of separate topics start at their own pace.
 STARTUP_NS = 2_000_000_000
@@ -107,6 +110,35 @@ class Assembler:
         self._jump_ns = spec.jump_ns
         self._lateness_ns = spec.lateness_ns
         self._keep_ns = self._picker.reach_before_ns + spec.lateness_ns + 2 * spec.reference_period_ns
+        #: Streams whose subscription is reconnecting: never taken for silent (see :meth:`hold`).
+        self._held: frozenset[str] = frozenset()
+        #: Streams out of the hold whose backlog is still coming: they lag by up to MAX_HOLD_NS.
+        self._catching_up: set[str] = set()
+
+    def hold(self, streams: frozenset[str]) -> None:
+        """Wait for ``streams`` rather than give them up: their subscription is reconnecting
+        (their broker died and their topic moves to another), so what they carry meanwhile
+        comes late, not never. Frames wait for them until the others are :data:`MAX_HOLD_NS`
+        ahead; an empty set ends the hold. A stream leaving the hold counts as having just
+        delivered, and may lag that far until it has caught up (its backlog is on its way)."""
+        for name in self._held - streams:
+            st = self._ref if name == self._ref.spec.name else self._streams.get(name)
+            if st is not None and st.progress_ns is not None:
+                st.last_arrival_ns = self._flow_ns
+            self._catching_up.add(name)
+        self._held = streams
+
+    def _max_lag_ns(self, st: StreamState) -> int:
+        """How far the others may be ahead of ``st`` before its frames go out without it."""
+        name = st.spec.name
+        if name in self._held:
+            return MAX_HOLD_NS
+        if name in self._catching_up:
+            top = self._event_time_ns
+            if st.progress_ns is None or top is None or top - st.progress_ns > self._lateness_ns:
+                return MAX_HOLD_NS
+            self._catching_up.discard(name)  # caught up
+        return MAX_LAG_NS
 
     # ------------------------------------------------------------------ input
     def push(self, sample: Sample) -> list[Event]:
@@ -132,6 +164,8 @@ class Assembler:
         state.last_arrival_ns = self._flow_ns
         events = self._check_jump(state, entry.stamp_ns)
         self._advance_event_time(st, entry.stamp_ns)
+        if self._catching_up and name in self._catching_up:
+            self._max_lag_ns(state)  # forgets it once caught up
         if st is None:
             events.extend(self._add_reference(entry))
         else:
@@ -382,14 +416,21 @@ class Assembler:
                 events.extend(self._emit(a, forced=True))
                 continue
             break
-        if not self._pending and top is not None and top >= self._prune_at_ns:
-            self._prune_idle(top)
+        if (
+            not self._pending
+            and top is not None
+            and top >= self._prune_at_ns
+            and self._max_lag_ns(self._ref) == MAX_LAG_NS  # (a held reference's frames need them)
+        ):
+            self._prune_idle(top)  # (a held reference's frames, still to come, need them)
         return events
 
     def _silent(self, st: StreamState) -> bool:
         """Whether ``st`` has received nothing for the lateness bound while the others kept
         delivering (on the flowing clock). A stream that is still delivering, only behind the
         others (another topic of a broker, a fast replay), is waited for."""
+        if st.spec.name in self._held:
+            return False
         if st.progress_ns is None:  # never delivered: waited for a while after the start
             return self._flow_ns >= max(self._lateness_ns, STARTUP_NS)
         return self._flow_ns - st.last_arrival_ns >= self._lateness_ns
@@ -398,7 +439,9 @@ class Assembler:
         """Whether the stream holding back the frame of ``a`` (its event-time bound passed) is
         given up: it is silent, or so far behind that memory must be bounded."""
         blk = self._blocker
-        if blk is None or blk[0] is not a or top >= a.deadline_ns + MAX_LAG_NS:
+        if blk is None or blk[0] is not a:
+            return True
+        if top >= a.deadline_ns + self._max_lag_ns(blk[1]):
             return True
         return self._silent(blk[1])
 
@@ -411,7 +454,8 @@ class Assembler:
         if self._silence_ns is None:
             due = Anchor(last.stamp_ns + last.period_ns, None, last.period_ns, first=False)
             self._silence_ns = self._picker.deadline_ns(due) + self._lateness_ns
-        if top < self._silence_ns or not (self._silent(self._ref) or top >= self._silence_ns + MAX_LAG_NS):
+        lag_ns = self._max_lag_ns(self._ref)
+        if top < self._silence_ns or not (self._silent(self._ref) or top >= self._silence_ns + lag_ns):
             return False
         due_ns = last.stamp_ns + last.period_ns
         if top - due_ns > self._jump_ns:  # event time leapt ahead: no frames anchored across the leap
@@ -426,7 +470,9 @@ class Assembler:
         return self._finish(a, decision)
 
     def _decide(self, a: Anchor, forced: bool) -> Decision | None:
-        decision = self._picker.decide(a, self._streams.values(), self._event_time_ns, self._flow_ns, forced)
+        decision = self._picker.decide(
+            a, self._streams.values(), self._event_time_ns, self._flow_ns, forced, self._held
+        )
         if isinstance(decision, StreamState):
             self._blocker = (a, decision)
             return None

@@ -240,10 +240,17 @@ class Picker:
         return t if window is Window.AFTER else t - a.period_ns // 2
 
     def decide(
-        self, a: Anchor, streams: Iterable[StreamState], top_ns: int | None, now_ns: int, forced: bool
+        self,
+        a: Anchor,
+        streams: Iterable[StreamState],
+        top_ns: int | None,
+        now_ns: int,
+        forced: bool,
+        held: frozenset[str] = frozenset(),
     ) -> Decision | StreamState:
         """The frame of anchor ``a`` (``top_ns``: the event time; ``now_ns``: the assembler's
-        flowing clock of receive times), or the stream it waits for."""
+        flowing clock of receive times), or the stream it waits for. A stream in ``held`` (its
+        subscription reconnects) is waited for past its ``max_delay``."""
         picked, windows, interp = a.picked, a.windows, a.interpolation
         t = a.stamp_ns
         for st in streams:
@@ -255,6 +262,7 @@ class Picker:
             if (
                 delay is not None
                 and top_ns is not None
+                and spec.name not in held
                 and st.progress_ns is not None  # one that never delivered: the lateness bound
                 and top_ns - delay > progress
                 and now_ns - st.last_arrival_ns >= delay  # silent, not only behind

@@ -43,6 +43,9 @@ __all__ = [
 
 #: With no input for this long, open buckets are flushed (end of a recording, sensors down).
 DEFAULT_IDLE_FLUSH_S = 1.0
+#: An input whose subscription reconnected is waited for until it delivers again (what its
+#: publishers sent meanwhile comes once they have reconnected too), at most this long (s).
+RECONNECT_HOLD_S = 30.0
 _log = logging.getLogger("embodied_bus.fusion")
 
 
@@ -96,6 +99,11 @@ class FusionWorker:
         self._idle_flush_s = idle_flush_s
         self._subs: list[Subscription] = []
         self._inputs: AlignedInputs | None = None
+        self._input_subs: dict[str, Subscription] = {}
+        #: Inputs whose subscription is reconnecting (their frames wait for them).
+        self.held: frozenset[str] = frozenset()
+        #: input -> (samples it had delivered, when) as last seen disconnected
+        self._reconnecting: dict[str, tuple[int, float]] = {}
         self._frames_pub: Publisher | None = None
         self._late_pub: Publisher | None = None
         self._last_input = time.monotonic()
@@ -135,6 +143,7 @@ class FusionWorker:
     async def open_inputs(self, streams: tuple[str, ...]) -> AlignedInputs:
         """One lossless subscription per input stream, taken in stamp order across them."""
         subs = {name: await self.subscribe(name) for name in streams}
+        self._input_subs = subs
         offsets = {s.name: s.clock_offset_ns for s in self.spec.streams}
         lateness = self.spec.lateness_ns
         return AlignedInputs(subs, offsets, align_ns=lateness // 2, idle_s=lateness / 1e9)
@@ -158,6 +167,7 @@ class FusionWorker:
     async def push_many(self, samples: list[Sample]) -> None:
         """Feed samples in order, publishing what they complete."""
         self._last_input = time.monotonic()
+        self.update_hold()
         push = self.assembler.push
         so = self.scale_out
         after = so.needs_after_push
@@ -171,6 +181,29 @@ class FusionWorker:
                 await so.after_push(sample)
             if events:
                 await self.handle(events)
+
+    def update_hold(self) -> bool:
+        """Hold the frames that need an input whose subscription is reconnecting (its broker
+        died; what it carries meanwhile comes late, not never); True while one is."""
+        now = time.monotonic()
+        for name, sub in self._input_subs.items():
+            if not sub.connected():
+                self._reconnecting[name] = (sub.counters()["delivered"], now)
+        for name, (delivered, seen) in list(self._reconnecting.items()):
+            sub = self._input_subs[name]
+            if sub.connected() and (sub.counters()["delivered"] > delivered or now - seen > RECONNECT_HOLD_S):
+                del self._reconnecting[name]  # it delivers again (or its publishers are gone)
+        held = frozenset(self._reconnecting)
+        if held != self.held:
+            self.held = held
+            self.assembler.hold(held)
+            if held:
+                _log.warning(
+                    "fusion %r: waiting for %s (reconnecting)", self.spec.name, ", ".join(sorted(held))
+                )
+            else:
+                _log.warning("fusion %r: every input connected again", self.spec.name)
+        return bool(held)
 
     def same_clock(self, sample: Sample) -> bool:
         """True if ``sample`` was bucketed with the spec's clock. Otherwise it is refused
@@ -296,7 +329,9 @@ class FusionWorker:
                     raise t.exception()  # type: ignore[misc]
             async with self.handling:
                 await self.scale_out.tick()
-                if self.assembler.pending_frames and time.monotonic() - self._last_input > self._idle_flush_s:
+                held = self.update_hold()
+                idle = time.monotonic() - self._last_input > self._idle_flush_s
+                if self.assembler.pending_frames and idle and not held:
                     await self.handle(self.assembler.flush())
 
     async def _wind_down(self, stop: asyncio.Event, tasks: list[asyncio.Task[None]]) -> None:

@@ -65,8 +65,10 @@ class PublisherOptions:
             pool full goes the ordinary way; the publisher never waits for the pool.
         shm_threshold_bytes: Smallest payload sent through shared memory (samples batched
             with others never are).
-        send_timeout_s: Pulsar only: how long a sample may wait for the broker before the
-            publisher reports it failed; 0 waits forever (None: 0 for BLOCK, 30 s for DROP).
+        send_timeout_s: Pulsar only: how long a sample may wait for the broker (a broker
+            failover takes seconds) before it is given up: under DROP_OLDEST it is dropped and
+            subscribers see the gap; under BLOCK the next publish raises. 0 waits forever
+            (None: 0 for BLOCK, 30 s for DROP_OLDEST).
     """
 
     backpressure: Backpressure = Backpressure.DROP_OLDEST

@@ -333,6 +333,11 @@ class Subscription:
                 raise StopAsyncIteration from None
         return self._take(waiting)
 
+    def connected(self) -> bool:
+        """Whether the engine is connected for this subscription (False while a Pulsar
+        subscription moves to another broker: what comes meanwhile arrives late, not lost)."""
+        return self._engine_sub is None or self._closed or self._engine_sub.connected()
+
     async def catch_up(self, timeout_s: float) -> bool:
         """Wait until every sample the engine had stored for this subscription when called is in
         the buffer (take them with :meth:`recv_nowait`).

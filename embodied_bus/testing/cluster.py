@@ -14,24 +14,28 @@ from __future__ import annotations
 
 import json
 import os
+import secrets
 import shutil
 import signal
 import subprocess
 import tempfile
 import time
+import urllib.error
+import urllib.parse
 import urllib.request
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from embodied_bus.testing.ports import free_ports
-from embodied_bus.testing.pulsar import LOW_LATENCY_CONF, ensure_pulsar_distribution, write_conf
+from embodied_bus.testing.pulsar import LOW_LATENCY_CONF, ensure_pulsar_distribution, hs256_token, write_conf
 
 __all__ = ["SESSION_TIMEOUT_MS", "Member", "PulsarCluster"]
 
 #: How long a member's metadata session outlives its process: a killed broker's topics move to
 #: another broker after this (Pulsar's default is 30 s), ms.
 SESSION_TIMEOUT_MS = 6000
+_TOKEN_PROVIDER = "org.apache.pulsar.broker.authentication.AuthenticationProviderToken"
 _MEM = {
     "zookeeper": "-Xms64m -Xmx192m",
     "bookie": "-Xms128m -Xmx384m -XX:MaxDirectMemorySize=384m",
@@ -64,12 +68,43 @@ class PulsarCluster:
         brokers: Brokers (each its own process).
         bookies: Bookies; ledgers go to ``min(bookies, 2)`` of them.
         data_dir: Where every member keeps its data (default: a temporary directory).
+        auth: Token authentication and authorization on the brokers (HS256 tokens signed with a
+            secret made here; role ``admin`` is the superuser): clients need
+            :meth:`client_url`, robots get their own namespace from :meth:`add_robot`.
+        listener: Also advertise each broker under this listener name at a port reserved here
+            (:attr:`Member.ports` ``["listener"]``, where a test puts a link to the broker's
+            service port); clients of :meth:`listener_url` are given those addresses.
     """
 
-    def __init__(self, brokers: int = 2, bookies: int = 2, data_dir: Path | None = None) -> None:
+    def __init__(
+        self,
+        brokers: int = 2,
+        bookies: int = 2,
+        data_dir: Path | None = None,
+        *,
+        auth: bool = False,
+        listener: str | None = None,
+    ) -> None:
+        self.listener = listener
         self.home = ensure_pulsar_distribution()
         self._own_dir = data_dir is None
         self.data_dir = Path(data_dir or tempfile.mkdtemp(prefix="eb-pulsar-cluster-"))
+        self.data_dir.mkdir(parents=True, exist_ok=True)
+        self._secret = secrets.token_bytes(32) if auth else None
+        auth_conf: dict[str, str] = {}
+        if self._secret is not None:
+            key = self.data_dir / "token-secret.key"
+            key.write_bytes(self._secret)
+            key.chmod(0o600)
+            auth_conf = {
+                "authenticationEnabled": "true",
+                "authenticationProviders": _TOKEN_PROVIDER,
+                "tokenSecretKey": f"file://{key}",
+                "authorizationEnabled": "true",
+                "superUserRoles": "admin",
+                "brokerClientAuthenticationPlugin": "org.apache.pulsar.client.impl.auth.AuthenticationToken",
+                "brokerClientAuthenticationParameters": f"token:{self.token('admin')}",
+            }
         (zk_port,) = free_ports(1)
         self.zk_url = f"127.0.0.1:{zk_port}"
         conf = self.home / "conf"
@@ -111,7 +146,14 @@ class PulsarCluster:
             self.bookies.append(Member("bookie", f"bookie{i}", path, {"bookie": port}))
         self.brokers: list[Member] = []
         for i in range(brokers):
-            service, web = free_ports(2)
+            service, web, outside = free_ports(3)
+            listeners: dict[str, str] = {}
+            if listener:
+                listeners = {
+                    "advertisedListeners": f"internal:pulsar://127.0.0.1:{service},"
+                    f"{listener}:pulsar://127.0.0.1:{outside}",
+                    "internalListenerName": "internal",
+                }
             values = {
                 "metadataStoreUrl": f"zk:{self.zk_url}",
                 "configurationMetadataStoreUrl": f"zk:{self.zk_url}",
@@ -129,9 +171,12 @@ class PulsarCluster:
                 "managedLedgerNewEntriesCheckDelayInMillis": LOW_LATENCY_CONF[
                     "managedLedgerNewEntriesCheckDelayInMillis"
                 ],
+                **auth_conf,
+                **listeners,
             }
             path = write_conf(conf / "broker.conf", self.data_dir / f"broker{i}.conf", values)
-            self.brokers.append(Member("broker", f"broker{i}", path, {"service": service, "web": web}))
+            ports = {"service": service, "web": web, "listener": outside}
+            self.brokers.append(Member("broker", f"broker{i}", path, ports))
 
     # ------------------------------------------------------------------ addresses
     @property
@@ -143,10 +188,47 @@ class PulsarCluster:
     def admin_url(self) -> str:
         return f"http://127.0.0.1:{self.brokers[0].ports['web']}"
 
+    def listener_url(self, role: str = "admin", **query: str) -> str:
+        """Every broker's listener address, for a client outside (see ``listener``)."""
+        if not self.listener:
+            raise RuntimeError("this cluster has no listener (PulsarCluster(listener=...))")
+        query = {"listener": self.listener, **query}
+        if self._secret is not None:
+            query = {"token": self.token(role), **query}
+        hosts = ",".join(f"127.0.0.1:{b.ports['listener']}" for b in self.brokers)
+        return f"pulsar://{hosts}?" + urllib.parse.urlencode(query)
+
+    # ------------------------------------------------------------------ credentials
+    def token(self, role: str) -> str:
+        """A token for ``role`` (an empty string when the cluster has no authentication)."""
+        return hs256_token(self._secret, role) if self._secret is not None else ""
+
+    def client_url(self, role: str = "admin", **query: str) -> str:
+        """:attr:`service_url` for a client of ``role`` (its token inline), with URL options."""
+        if self._secret is not None:
+            query = {"token": self.token(role), **query}
+        return self.service_url + ("?" + urllib.parse.urlencode(query) if query else "")
+
+    def add_robot(self, robot: str, tenant: str = "fleet") -> str:
+        """Give ``robot`` its own Pulsar namespace ``<tenant>/<robot>``, where only role
+        ``robot-<robot>`` (and the superuser) may produce and consume; returns its token."""
+        try:
+            self.admin("PUT", f"/admin/v2/tenants/{tenant}", {"adminRoles": [], "allowedClusters": ["test"]})
+        except urllib.error.HTTPError as err:
+            if err.code != 409:  # 409: the tenant exists
+                raise
+        self.admin("PUT", f"/admin/v2/namespaces/{tenant}/{robot}")
+        role = f"robot-{robot}"
+        self.admin(
+            "POST", f"/admin/v2/namespaces/{tenant}/{robot}/permissions/{role}", ["produce", "consume"]
+        )
+        return self.token(role)
+
     def describe(self) -> dict[str, Any]:
         """The JSON line printed when the cluster is ready."""
         return {
             "service_url": self.service_url,
+            **({"admin_token": self.token("admin")} if self._secret is not None else {}),
             "admin_url": self.admin_url,
             "brokers": [
                 {
@@ -201,10 +283,7 @@ class PulsarCluster:
         for member in down:
             self.start_member(member)
         for member in down:
-            if member in self.brokers:
-                self.wait_broker(member, deadline)
-            elif member in self.bookies:
-                self._wait_port(member, member.ports["bookie"], deadline)
+            self.wait_member(member, max(1.0, deadline - time.monotonic()))
 
     def tail(self, member: Member, lines: int = 30) -> str:
         try:
@@ -256,6 +335,15 @@ class PulsarCluster:
         for broker in self.brokers:
             self.wait_broker(broker, deadline)
 
+    def wait_member(self, member: Member, timeout_s: float) -> None:
+        """Wait until a (re)started member serves: a broker its health check, a bookie or
+        ZooKeeper its port. Raises RuntimeError with the end of its log if it exits or is late."""
+        deadline = time.monotonic() + timeout_s
+        if member in self.brokers:
+            self.wait_broker(member, deadline)
+        else:
+            self._wait_port(member, member.ports["bookie" if member in self.bookies else "client"], deadline)
+
     def _wait_port(self, member: Member, port: int, deadline: float) -> None:
         import socket
 
@@ -277,7 +365,7 @@ class PulsarCluster:
                 raise RuntimeError(f"{broker.name} exited:\n{self.tail(broker)}")
             try:
                 for path in ("/admin/v2/brokers/health", "/admin/v2/namespaces/public/default"):
-                    with urllib.request.urlopen(web + path, timeout=2) as resp:
+                    with urllib.request.urlopen(self._request(web + path), timeout=2) as resp:
                         resp.read()
                 return
             except OSError:
@@ -288,13 +376,17 @@ class PulsarCluster:
         """Call the admin REST API of the first live broker; the decoded JSON answer."""
         broker = next(b for b in self.brokers if b.alive())
         data = None if body is None else json.dumps(body).encode()
-        req = urllib.request.Request(
-            f"http://127.0.0.1:{broker.ports['web']}{path}", data=data, method=method
-        )
+        req = self._request(f"http://127.0.0.1:{broker.ports['web']}{path}", data=data, method=method)
         req.add_header("Content-Type", "application/json")
         with urllib.request.urlopen(req, timeout=timeout_s) as resp:
             answer = resp.read()
         return json.loads(answer) if answer else None
+
+    def _request(self, url: str, data: bytes | None = None, method: str = "GET") -> urllib.request.Request:
+        req = urllib.request.Request(url, data=data, method=method)
+        if self._secret is not None:
+            req.add_header("Authorization", f"Bearer {self.token('admin')}")
+        return req
 
     def owner(self, topic: str) -> Member:
         """The broker that serves ``topic`` now (``persistent://tenant/ns/name``)."""

@@ -380,6 +380,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("command", choices=["fetch", "run", "cluster"])
     parser.add_argument("--brokers", type=int, default=2, help="cluster: brokers (default 2)")
     parser.add_argument("--bookies", type=int, default=2, help="cluster: bookies (default 2)")
+    parser.add_argument(
+        "--auth",
+        action="store_true",
+        help="cluster: token authentication (the JSON line gives the admin token)",
+    )
     args = parser.parse_args(argv)
     home = ensure_pulsar_distribution()
     if args.command == "fetch":
@@ -394,7 +399,7 @@ def main(argv: list[str] | None = None) -> int:
     signal.signal(signal.SIGTERM, terminate)
     signal.signal(signal.SIGHUP, terminate)
     if args.command == "cluster":
-        return _run_cluster(args.brokers, args.bookies)
+        return _run_cluster(args.brokers, args.bookies, auth=args.auth)
     broker = PulsarStandalone(home=home)
     try:
         broker.start()
@@ -410,11 +415,11 @@ def main(argv: list[str] | None = None) -> int:
         broker.cleanup()
 
 
-def _run_cluster(brokers: int, bookies: int) -> int:
+def _run_cluster(brokers: int, bookies: int, *, auth: bool) -> int:
     """Start a cluster, print its JSON line, run until SIGTERM or Ctrl-C, then stop it."""
     from embodied_bus.testing.cluster import PulsarCluster
 
-    cluster = PulsarCluster(brokers, bookies)
+    cluster = PulsarCluster(brokers, bookies, auth=auth)
     try:
         cluster.start()
         print(json.dumps(cluster.describe()), flush=True)

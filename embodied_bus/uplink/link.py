@@ -114,7 +114,7 @@ class Uplink:
             streams = [r.stream for r in self.config.routes if r.lossless is lossless]
             if streams:
                 opts = SubscriptionOptions(
-                    capacity=100_000 if lossless else 1_000,
+                    capacity=100_000 if lossless else 64,  # lossy: large samples, the newest win
                     backpressure=Backpressure.BLOCK if lossless else Backpressure.DROP_OLDEST,
                 )
                 self._subscriptions.append(await self.robot.subscribe(streams, options=opts))

@@ -95,6 +95,13 @@ class PulsarEngine(Engine):
                 f"Pulsar broker at {settings.service_url} refused our credentials "
                 f"({'token' if settings.token else 'no token given'}): {err}"
             ) from err
+        except pulsar.AuthorizationError as err:
+            await close_handle(client)
+            raise BusConnectionError(
+                f"Pulsar broker at {settings.service_url}: this client's role is not authorized on "
+                f"namespace {settings.tenant}/{settings.pulsar_namespace} (a robot's token serves its "
+                f"own namespace only): {err}"
+            ) from err
         except (pulsar.PulsarException, TimeoutError) as err:
             await close_handle(client)
             raise BusConnectionError(

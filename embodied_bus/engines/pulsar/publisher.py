@@ -85,13 +85,26 @@ class PulsarPublisher(EnginePublisher):
         self._batch_scheduled = False
         #: Batch messages sent (several samples in one message).
         self.batches = 0
+        #: Samples of a newest-wins publisher the broker did not persist in time (dropped).
+        self.failed = 0
 
     def _on_confirmed(self, upto: int, upto_bytes: int, result: Any, _msg_id: Any) -> None:
         with self._lock:
             self._confirmed = max(self._confirmed, upto)
             self.confirmed_bytes = max(self.confirmed_bytes, upto_bytes)
             if result != pulsar.Result.Ok:
-                self._errors.append(str(result))
+                if self._block:
+                    self._errors.append(str(result))
+                else:  # newest wins: a sample the broker did not take in time is dropped
+                    self.failed += 1
+                    if self.failed & (self.failed - 1) == 0:  # 1, 2, 4, 8, ...: a failover is not a flood
+                        _logger.warning(
+                            "Pulsar did not persist %d sample(s) of %r so far (%s): dropped, "
+                            "subscribers see the gap",
+                            self.failed,
+                            self._stream,
+                            result,
+                        )
             self._wake()
 
     def _wake(self) -> None:  # under the lock

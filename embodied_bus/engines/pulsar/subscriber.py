@@ -173,6 +173,12 @@ class PulsarSubscriber(EngineSubscriber):
         data = msg.data()
         hand_over_batch(self._sink, msg.topic_name(), lambda: decode_batch_message_runs(prop, data), ack)
 
+    def connected(self) -> bool:
+        try:
+            return bool(self._consumer.is_connected())
+        except (pulsar.PulsarException, AttributeError):
+            return True  # closed, or a client that cannot tell
+
     async def catch_up(self, timeout_s: float) -> bool:
         """See :meth:`EngineSubscriber.catch_up`. One round trip to the broker for the topic's
         last message id (single-topic consumers only: others return False)."""
