@@ -9,10 +9,11 @@ frames (2 Hz while degraded), IMU (10 Hz while degraded), GPS and events (every 
 through a link proxy in front of each broker's ``robots`` listener. This process is the fleet:
 it reads every robot's namespace with the admin token.
 
-Figures: the delivered ratio per stream (what reached the fleet / what the uplink accepted:
-1.0 means nothing accepted was lost), the uplink's CPU per robot (share of one core), the rate
+Figures: the delivered ratio per stream (distinct samples that reached the fleet / what the
+uplinks accepted: 1.0 means nothing accepted was lost; copies handed over again are counted
+apart), the uplink's CPU per robot (share of one core), the rate
 at which the backlog of a 60 s cut drains once the links are back, and the longest time a
-robot's IMU stream stood still after the broker that served it was killed.
+robot's GPS stream (class 0) stood still after the broker that served it was killed.
 
     python bench/fleet.py [--robots 20] [--quick]
 """
@@ -21,10 +22,12 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import itertools
 import json
 import os
 import random
+import signal
 import sys
 import tempfile
 import time
@@ -73,7 +76,9 @@ async def robot_main(port: int, seconds: float) -> None:
                     await asyncio.sleep(delay)
 
         tasks = [asyncio.create_task(sensor(s, *spec)) for s, spec in SENSORS.items()]
-        await asyncio.sleep(seconds)
+        asyncio.get_running_loop().add_signal_handler(signal.SIGTERM, stop.set)
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(stop.wait(), seconds)
         stop.set()
         await asyncio.gather(*tasks)
         print(json.dumps(dict(sent)), flush=True)
@@ -90,7 +95,8 @@ class Robot:
     report: dict[str, Any] = field(default_factory=dict)
     published: dict[str, int] = field(default_factory=dict)
     received: Counter[str] = field(default_factory=Counter)
-    imu_arrivals: list[float] = field(default_factory=list)
+    distinct: dict[str, set[int]] = field(default_factory=dict)
+    gps_arrivals: list[float] = field(default_factory=list)
 
 
 def cpu_s(pid: int) -> float:
@@ -118,8 +124,9 @@ async def receive(url: str, robot: Robot) -> None:
         while True:
             for s in await sub.recv_many(1000):
                 robot.received[s.stream] += 1
-                if s.stream == "imu":
-                    robot.imu_arrivals.append(time.monotonic())
+                robot.distinct.setdefault(s.stream, set()).add((s.header.publisher_id << 32) | s.header.seq)
+                if s.stream == "gps":
+                    robot.gps_arrivals.append(time.monotonic())
 
 
 async def fleet_main(args: argparse.Namespace) -> dict[str, Any]:
@@ -135,7 +142,7 @@ async def fleet_main(args: argparse.Namespace) -> dict[str, Any]:
     ports = free_ports(args.robots)
     robots = [Robot(f"r{i:02d}", ports[i], cluster.add_robot(f"r{i:02d}")) for i in range(args.robots)]
     fleet_url = cluster.client_url(tenant="fleet")
-    total_s = args.warmup_s + args.steady_s + args.cut_s + args.after_s + args.kill_s
+    total_s = 3600.0  # the robots publish until told to stop
     receivers = []
     try:
         for r in robots:
@@ -189,22 +196,27 @@ async def fleet_main(args: argparse.Namespace) -> dict[str, Any]:
             if sent_now >= sent_before + backlog:
                 break
         drain_s = time.monotonic() - healed
-        await asyncio.sleep(max(0.0, args.after_s - drain_s))
-        # the broker that serves r00's IMU, killed
+        # every uplink back to normal (its backlog of every class sent), then a steady spell
+        while time.monotonic() - healed < 300 and any(r.report.get("degraded", True) for r in robots):
+            await asyncio.sleep(0.5)
+        recovered_s = time.monotonic() - healed
+        await asyncio.sleep(args.after_s)
+        # the broker that serves r00's GPS (class 0: never behind a backlog), killed
         settings = parse_bus_url(fleet_url + "&pulsar_namespace=r00", namespace="r00")
-        victim = cluster.owner(stream_topic(settings, "imu"))  # type: ignore[arg-type]
+        victim = cluster.owner(stream_topic(settings, "gps"))  # type: ignore[arg-type]
         on_victim = [r for r in robots if cluster.owner(stream_topic(
-            parse_bus_url(fleet_url + f"&pulsar_namespace={r.name}", namespace=r.name), "imu"  # type: ignore[arg-type]
+            parse_bus_url(fleet_url + f"&pulsar_namespace={r.name}", namespace=r.name), "gps"  # type: ignore[arg-type]
         )) is victim]  # fmt: skip
         await asyncio.to_thread(cluster.kill, victim)
         killed = time.monotonic()
         await asyncio.sleep(args.kill_s)
         pauses = []
         for r in on_victim:
-            after = [killed, *(t for t in r.imu_arrivals if t > killed)]
+            after = [killed, *(t for t in r.gps_arrivals if t > killed)]
             pauses.append(max(b - a for a, b in itertools.pairwise(after)) if len(after) > 1 else None)
         for r in robots:
             assert r.sensors is not None and r.sensors.stdout is not None
+            r.sensors.terminate()
             r.published = json.loads((await r.sensors.stdout.readline()) or b"{}")
             await r.sensors.wait()
         await asyncio.sleep(10)  # what the uplinks still hold
@@ -212,8 +224,7 @@ async def fleet_main(args: argparse.Namespace) -> dict[str, Any]:
             if r.uplink:
                 r.uplink.terminate()
                 await r.uplink.wait()
-        for f in followers:
-            f.cancel()
+        await asyncio.wait(followers, timeout=30)  # their last figures, printed as they stop
     finally:
         for r in robots:
             for proc in (r.sensors, r.uplink):
@@ -229,7 +240,7 @@ async def fleet_main(args: argparse.Namespace) -> dict[str, Any]:
         if not r.report:
             tail = (tmp / f"{r.name}-uplink.log").read_text(errors="replace").splitlines()[-20:]
             print(f"{r.name}: its uplink reported nothing:\n" + "\n".join(tail), file=sys.stderr)
-    return summarize(args, robots, cpu, backlog, backlog_bytes, drain_s, pauses, started_s)
+    return summarize(args, robots, cpu, backlog, backlog_bytes, (drain_s, recovered_s), pauses, started_s)
 
 
 def summarize(
@@ -238,13 +249,14 @@ def summarize(
     cpu: dict[str, float],
     backlog: int,
     backlog_bytes: int,
-    drain_s: float,
+    drain: tuple[float, float],
     pauses: list[float | None],
     started_s: float,
 ) -> dict[str, Any]:
     delivered: dict[str, Any] = {}
     for stream in SENSORS:
-        got = sum(r.received[stream] for r in robots)
+        got = sum(len(r.distinct.get(stream, ())) for r in robots)
+        copies = sum(r.received[stream] for r in robots) - got
         spooled = sum(r.report.get("streams", {}).get(stream, {}).get("spooled", 0) for r in robots)
         published = sum(r.published.get(stream, 0) for r in robots)
         dropped = sum(
@@ -254,6 +266,7 @@ def summarize(
             "published": published,
             "accepted_by_uplinks": spooled,
             "at_the_fleet": got,
+            "copies_at_the_fleet": copies,
             "delivered_ratio": round(got / spooled, 4) if spooled else None,
             "dropped_spool_full": dropped,
         }
@@ -266,18 +279,22 @@ def summarize(
         "uplink_cpu_share_of_one_core": {
             "median": round(cpus[len(cpus) // 2], 3) if cpus else None,
             "max": round(cpus[-1], 3) if cpus else None,
+            "all_uplinks_cores": round(sum(cpus), 2),
+            "machine_cores": os.cpu_count(),
         },
         "cut": {
             "seconds": args.cut_s,
             "backlog_items_at_heal": backlog,
             "backlog_mb_at_heal": round(backlog_bytes / 2**20, 1),
-            "drained_s": round(drain_s, 1),
-            "drain_items_per_s": round(backlog / drain_s) if drain_s else None,
+            "backlog_sent_s": round(drain[0], 1),
+            "drain_items_per_s": round(backlog / drain[0]) if drain[0] else None,
+            "drain_mb_per_s": round(backlog_bytes / 2**20 / drain[0], 1) if drain[0] else None,
+            "every_uplink_back_to_normal_s": round(drain[1], 1),
         },
         "broker_failover": {
             "robots_on_the_killed_broker": len(pauses),
-            "longest_imu_pause_s": round(max(known), 1) if known else None,
-            "median_imu_pause_s": round(sorted(known)[len(known) // 2], 1) if known else None,
+            "longest_gps_pause_s": round(max(known), 1) if known else None,
+            "median_gps_pause_s": round(sorted(known)[len(known) // 2], 1) if known else None,
             "robots_never_back": len(pauses) - len(known),
         },
     }
