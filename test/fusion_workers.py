@@ -119,7 +119,16 @@ def stop_all(procs: Iterable[subprocess.Popen[str] | None]) -> list[str]:
     for p in procs:
         if p is not None and p.poll() is None:
             p.send_signal(signal.SIGINT)
-    return [p.communicate(timeout=30)[0] if p is not None else "" for p in procs]
+    return [_ended(p) if p is not None else "" for p in procs]
+
+
+def _ended(proc: subprocess.Popen[str]) -> str:
+    """Its standard output once it ended; killed after 30 s (a test never leaves one behind)."""
+    try:
+        return proc.communicate(timeout=30)[0]
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        return proc.communicate()[0]
 
 
 def assert_one_workers_frames(

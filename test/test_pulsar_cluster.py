@@ -52,6 +52,13 @@ RATE_HZ = 100.0
 FUSION_CONFIG = Path(__file__).resolve().parents[1] / "config" / "fusion.yaml"
 
 
+@pytest.fixture(autouse=True)
+def _whole_again(cluster: PulsarCluster) -> Iterator[None]:
+    """Every member running again after each test, also one that failed midway."""
+    yield
+    cluster.restore()
+
+
 @pytest.fixture(scope="module")
 def cluster() -> Iterator[PulsarCluster]:
     c = PulsarCluster(brokers=2, bookies=2, auth=True)

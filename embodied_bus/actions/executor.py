@@ -244,7 +244,7 @@ class Executor:
 
     async def _confirmed(self, ctx: ActionContext) -> bool:
         """Whether a lease that arrived old may run: the queue confirms it still holds (else it
-        is dropped unrun: its attempt was taken back and shows as lost)."""
+        is not run, and its attempt is reported back unrun)."""
         deadline = time.monotonic() + 2 * LEASE_S
         while self._link is not None and time.monotonic() < deadline:
             sent = time.monotonic()
@@ -270,6 +270,12 @@ class Executor:
         action = ctx.action
         lease = ctx.lease
         if not ctx.still_owner() and not await self._confirmed(ctx):
+            # unrun: the attempt goes back to the queue to be retried (noted only, if the queue
+            # took it back already); kept until the queue is back, as any outcome
+            reason = (
+                f"not run by {self.name}: its lease was old when it arrived and the queue did not confirm it"
+            )
+            self._report(Report(action.id, lease.attempt, False, reason=reason))
             return
         if self.verifier is not None:
             try:
