@@ -15,10 +15,11 @@ scripts/setup.sh pulsar,test
 .venv/bin/lint-imports                    # the layers of docs/architecture.md
 .venv/bin/mkdocs build --strict --quiet   # the documentation, warnings as errors
 # Most tests wait on the engines, so two pytest workers (each with its own Pulsar standalone)
-# share two cores well; the tests marked serial (processes killed, real-time replays, ROS
+# share two cores well (a module's tests stay on one worker: module fixtures such as the Pulsar
+# cluster start once); the tests marked serial (processes killed, real-time replays, ROS
 # launches) then run alone. Each run is bounded, so a hang fails fast instead of eating CI's hour.
 status=0
-timeout --kill-after=60s 30m .venv/bin/python -m pytest -n 2 --dist loadgroup -m "not serial" --durations=15 "$@" || status=$?
+timeout --kill-after=60s 30m .venv/bin/python -m pytest -n 2 --dist loadfile -m "not serial" --durations=15 "$@" || status=$?
 [ "$status" -eq 5 ] && status=0  # nothing selected (arguments naming serial tests only)
 serial=0
 timeout --kill-after=60s 30m .venv/bin/python -m pytest -m serial --durations=15 "$@" || serial=$?

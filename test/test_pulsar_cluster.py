@@ -46,8 +46,6 @@ from embodied_bus.uplink.down import run_down
 
 from conftest import wait_until, zenoh_urls
 
-#: One cluster for the module: its tests stay on one pytest worker (``--dist loadgroup``).
-pytestmark = pytest.mark.xdist_group("pulsar-cluster")
 RATE_HZ = 100.0
 FUSION_CONFIG = Path(__file__).resolve().parents[1] / "config" / "fusion.yaml"
 
@@ -61,6 +59,7 @@ def _whole_again(cluster: PulsarCluster) -> Iterator[None]:
 
 @pytest.fixture(scope="module")
 def cluster() -> Iterator[PulsarCluster]:
+    """One cluster for the module (the test command keeps a module's tests on one worker)."""
     c = PulsarCluster(brokers=2, bookies=2, auth=True)
     try:
         c.start()

@@ -837,6 +837,9 @@ async def test_a_subscription_to_every_stream_finds_a_stream_that_starts_after_i
     assert time.monotonic() - started < 15
 
 
+# the Pulsar C++ client's pattern consumer has crashed its process once in many runs while topics
+# were being created under it (a rerun replaces the crashed worker)
+@pytest.mark.flaky(reruns=1)
 async def test_on_pulsar_a_subscription_to_every_stream_skips_the_action_queue(bus_pair: BusPair) -> None:
     if bus_pair.engine != "pulsar":
         pytest.skip("the action queue has topics of its own next to the streams' on Pulsar only")

@@ -29,6 +29,7 @@ from typing import Any
 
 from embodied_bus.testing.ports import free_ports
 from embodied_bus.testing.pulsar import LOW_LATENCY_CONF, ensure_pulsar_distribution, hs256_token, write_conf
+from embodied_bus.testing.reaper import watch_group
 
 __all__ = ["SESSION_TIMEOUT_MS", "Member", "PulsarCluster"]
 
@@ -268,6 +269,7 @@ class PulsarCluster:
             start_new_session=True,
         )
         log.close()
+        watch_group(member.proc.pid)  # killed with the process that started it, also a crashed one
 
     def kill(self, member: Member) -> None:
         """SIGKILL a member (a crash)."""

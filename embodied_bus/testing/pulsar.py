@@ -30,6 +30,7 @@ import urllib.request
 from pathlib import Path
 
 from embodied_bus.testing.ports import free_ports
+from embodied_bus.testing.reaper import watch_group
 
 __all__ = [
     "LOW_LATENCY_CONF",
@@ -290,6 +291,7 @@ class PulsarStandalone:
             start_new_session=True,
         )
         log.close()
+        watch_group(self.proc.pid)  # killed with its test process, also one that crashed
         self.wait_ready(timeout_s)
 
     def wait_ready(self, timeout_s: float) -> None:
