@@ -163,16 +163,18 @@ async def actions_bench(
                 cmd += ["--concurrency", "8"] + (["--prefetch", str(prefetch)] if prefetch else [])
                 env = {**os.environ, "PYTHONPATH": str(ROOT / "bench")}
                 ex_procs.append(subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL))
-                ex = Executor(bus, f"bench-flaky-{i}", concurrency=8, prefetch=prefetch, policy=policy)
+                ex = Executor(bus, f"bench-flaky-{i}", concurrency=8, prefetch=prefetch)
             else:
-                ex = Executor(bus, f"bench-{i}", concurrency=8, prefetch=prefetch, policy=policy)
+                ex = Executor(bus, f"bench-{i}", concurrency=8, prefetch=prefetch)
                 ex.handler("noop")(noop)
             ex.handler("flaky")(flaky)
             executors.append(ex)
             tasks.append(asyncio.create_task(ex.run(stop)))
         while len(live) < (8 if executor_processes else 4):
             await asyncio.sleep(0.05)
-        planner = Planner(bus, policy=policy)
+        planner = Planner(bus)
+        if pulsar_url is not None:  # the queue's policy: a record in its state log (Zenoh: the service's)
+            await planner.set_policy(policy)
 
         # submit -> start latency, one at a time (no queueing)
         latencies = []
@@ -216,7 +218,7 @@ async def actions_bench(
         crash_delays = []
         for _ in range(5 if n_actions <= 2000 else 10):
             async with open_bus(url_b, namespace=ns) as doomed_bus:
-                doomed = Executor(doomed_bus, f"doomed-{uuid.uuid4().hex[:4]}", policy=policy)
+                doomed = Executor(doomed_bus, f"doomed-{uuid.uuid4().hex[:4]}")
                 holding = asyncio.Event()
 
                 async def hang(action: Action, ctx: Any, holding: asyncio.Event = holding) -> None:
@@ -230,7 +232,7 @@ async def actions_bench(
                     await asyncio.sleep(0.01)
                 h = await planner.submit("crashy")
                 await holding.wait()
-                rescuer = Executor(bus, f"rescuer-{uuid.uuid4().hex[:4]}", policy=policy)
+                rescuer = Executor(bus, f"rescuer-{uuid.uuid4().hex[:4]}")
                 rescuer.handler("crashy")(finish)
                 rstop = asyncio.Event()
                 rtask = asyncio.create_task(rescuer.run(rstop))

@@ -27,6 +27,7 @@ from embodied_bus.actions import (
     PermanentFailure,
     Planner,
     QueueService,
+    RetryPolicies,
     RetryPolicy,
 )
 from embodied_bus.actions import protocol as p
@@ -35,10 +36,14 @@ from embodied_bus.actions.pulsar import RECEIVER_QUEUE_SIZE, PulsarQueue
 from embodied_bus.actions.pulsar.records import Event, chunks, encode_record
 from embodied_bus.actions.queue import EXECUTOR_GROUP
 from embodied_bus.actions.remote import SERVICE, ServiceQueue
+from embodied_bus.errors import BusConfigError
 
 from conftest import wait_until, zenoh_urls
 
 FAST = RetryPolicy(max_attempts=3, initial_backoff_s=0.05, max_backoff_s=0.2, jitter=0.0)
+ONCE = RetryPolicy(max_attempts=1)
+#: The queue's policies: FAST, and one try for kind ``fragile``.
+POLICIES = RetryPolicies(FAST, {"fragile": ONCE})
 
 
 class Rig:
@@ -61,12 +66,12 @@ class Rig:
     def make_executor(self, name: str, **kw: Any) -> Executor:
         if self.memory is not None:
             return Executor(name=name, queue=self.memory, **kw)
-        return Executor(self.ex_bus, name, policy=FAST, **kw)
+        return Executor(self.ex_bus, name, **kw)
 
     def make_planner(self, bus: Bus | None = None) -> Planner:
         if self.memory is not None:
             return Planner(queue=self.memory)
-        return Planner(bus or self.ex_bus, policy=FAST)
+        return Planner(bus or self.ex_bus)
 
     async def executor(self, name: str, **handlers) -> Executor:  # type: ignore[no-untyped-def]
         ex = self.make_executor(name)
@@ -99,7 +104,7 @@ async def rig(request: pytest.FixtureRequest, tmp_path: Path) -> AsyncIterator[R
     svc_stop = asyncio.Event()  # the service stops after the executors
     service_task = None
     if request.param == "memory":
-        memory = MemoryQueue(FAST)
+        memory = MemoryQueue(POLICIES)
         rig = Rig("memory", Planner(queue=memory), None, stop)
         rig.memory = memory
         try:
@@ -113,7 +118,7 @@ async def rig(request: pytest.FixtureRequest, tmp_path: Path) -> AsyncIterator[R
         url_a, url_b = zenoh_urls()
         svc_bus = await open_bus(url_a, namespace=ns)
         ready = asyncio.Event()
-        service = QueueService(svc_bus, tmp_path / "queue.db", FAST)
+        service = QueueService(svc_bus, tmp_path / "queue.db", POLICIES)
         service_task = asyncio.create_task(service.run(svc_stop, ready))
         await ready.wait()
     else:
@@ -121,7 +126,10 @@ async def rig(request: pytest.FixtureRequest, tmp_path: Path) -> AsyncIterator[R
         svc_bus = None
     plan_bus = await open_bus(url_b, namespace=ns)
     ex_bus = await open_bus(url_b, namespace=ns)
-    planner = Planner(plan_bus, policy=FAST)
+    planner = Planner(plan_bus)
+    if request.param == "pulsar":  # records in the queue's state log, for every executor
+        await planner.set_policy(FAST)
+        await planner.set_policy(ONCE, "fragile")
     rig = Rig(str(request.param), planner, ex_bus, stop)
     rig.url, rig.namespace = url_b, ns
     if request.param == "zenoh":
@@ -209,6 +217,30 @@ async def test_a_poison_action_lands_in_the_dead_letter_queue_with_its_history(r
     dead = await rig.planner.dead_letters()
     assert [d.id for d in dead] == [handle.id]
     assert all("cannot parse target" in a.reason for a in dead[0].attempts)
+
+
+async def test_the_queue_owns_the_retry_policy_of_each_kind(rig: Rig) -> None:
+    """Every executor applies the queue's policy of a kind: ``fragile`` gets one try, others
+    the default's three; on Pulsar and in this process a planner sets a kind's policy (a record
+    every executor reads), on Zenoh it is the queue service's configuration."""
+
+    async def boom(action: Action, ctx):  # type: ignore[no-untyped-def]
+        raise RuntimeError("wheel slipped")
+
+    await rig.executor("left", fragile=boom, dock=boom, twice=boom)
+    await rig.executor("right", fragile=boom, dock=boom, twice=boom)
+    await rig.executors_up(2)
+    fragile = await (await rig.planner.submit("fragile")).result(timeout_s=20)
+    dock = await (await rig.planner.submit("dock")).result(timeout_s=20)
+    assert (fragile.status, fragile.attempt_count) == (ActionStatus.DEAD, 1)
+    assert (dock.status, dock.attempt_count) == (ActionStatus.DEAD, 3)
+    if rig.engine == "zenoh":
+        with pytest.raises(BusConfigError, match="queue service's configuration"):
+            await rig.planner.set_policy(ONCE, "twice")
+        return
+    await rig.planner.set_policy(RetryPolicy(max_attempts=2, initial_backoff_s=0.05), "twice")
+    twice = await (await rig.planner.submit("twice")).result(timeout_s=20)
+    assert (twice.status, twice.attempt_count) == (ActionStatus.DEAD, 2)
 
 
 async def test_a_permanent_failure_dead_letters_at_once(rig: Rig) -> None:
@@ -935,7 +967,7 @@ async def test_an_executor_whose_bus_is_closed_under_it_stops_with_a_clear_error
         pytest.skip("the in-process queue has no bus")
     before = set(threading.enumerate())
     stop = asyncio.Event()
-    ex = Executor(rig.ex_bus, "orphan", policy=FAST)
+    ex = Executor(rig.ex_bus, "orphan")
     ex.handler("pick")(lambda action, ctx: asyncio.sleep(0, result="done"))
     task = asyncio.create_task(ex.run(stop))
     await rig.executors_up(1)
@@ -973,7 +1005,7 @@ async def test_the_zenoh_queue_service_deletes_ended_actions_beyond_its_bound_an
         task = asyncio.create_task(service.run(stop, ready))
         await ready.wait()
         await wait_until(lambda: service.store.pruned == 3, 10, "the excess deleted at start")
-        planner = Planner(bus, policy=FAST)
+        planner = Planner(bus)
         try:
             assert [await planner.get(a.id) for a in old[:3]] == [None] * 3
             kept = await planner.get(old[3].id)
@@ -989,7 +1021,7 @@ async def test_what_a_planner_awaits_fails_with_a_clear_error_when_it_or_its_bus
     if rig.ex_bus is None:
         pytest.skip("the in-process queue has no bus")
     bus = await open_bus(rig.url, namespace=rig.namespace)
-    planner = Planner(bus, policy=FAST)
+    planner = Planner(bus)
     first = await planner.submit("unheard_of")  # no executor runs it: it stays queued
     result = asyncio.create_task(first.result())  # no timeout: it must not wait for good
     feedback = asyncio.create_task(anext(aiter(first.feedback())))
@@ -1029,7 +1061,7 @@ async def test_a_sync_planner_submits_streams_feedback_waits_for_the_result_and_
     await rig.executors_up(1)
 
     def script() -> tuple[Any, ...]:  # blocking code, as in a ROS callback or a plain script
-        with SyncBus(rig.url, namespace=rig.namespace) as bus, bus.planner(policy=FAST) as planner:
+        with SyncBus(rig.url, namespace=rig.namespace) as bus, bus.planner() as planner:
             h = planner.submit("pick", {"obj": "cup"}, priority=3, idempotency_key="sync-1")
             stream = h.feedback()
             first = next(stream)

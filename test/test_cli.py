@@ -346,6 +346,36 @@ def test_top_reads_the_action_backlog_from_the_pulsar_state_log(pulsar_url: str)
     assert actions["totals"] == {"queued": 1}
 
 
+async def test_retry_policy_writes_the_pulsar_queues_policies_and_refuses_bad_ones(pulsar_url: str) -> None:
+    from embodied_bus import open_bus
+    from embodied_bus.actions.pulsar import PulsarQueue
+
+    ns = f"clipol{time.monotonic_ns()}"
+    bus = ["--bus", pulsar_url, "--ns", ns]
+    out = run("retry-policy", *bus, "--max-attempts", "7", "--retry", "dock=1", "--retry", "pick=2:0.5")
+    assert out.returncode == 0, out.stderr
+    assert "every kind: RetryPolicy(max_attempts=7" in out.stdout and "dock: " in out.stdout
+    async with open_bus(pulsar_url, namespace=ns) as b:
+        queue = PulsarQueue(b.engine)  # type: ignore[arg-type]
+        try:
+            await queue.start()
+            await queue.state.sync()
+            got = {k: queue.conn.policy_for(k) for k in ("dock", "pick", "other")}
+        finally:
+            await queue.close()
+    assert (got["dock"].max_attempts, got["pick"].max_attempts, got["other"].max_attempts) == (1, 2, 7)
+    assert got["pick"].initial_backoff_s == 0.5
+    bad = run("retry-policy", *bus, "--retry", "dock=often")
+    assert bad.returncode == 1 and "--retry 'dock=often': expected KIND=ATTEMPTS[:BACKOFF_S]" in bad.stderr
+    none = run("retry-policy", *bus)
+    assert none.returncode == 1 and "give --max-attempts/--backoff" in none.stderr
+
+
+def test_retry_policy_on_zenoh_says_it_is_the_queue_services_configuration() -> None:
+    out = run("retry-policy", "--retry", "dock=1", "--connect-timeout", "5")
+    assert out.returncode == 1 and "queue service's configuration" in out.stderr, out.stderr
+
+
 def test_top_says_when_no_action_queue_answers() -> None:
     port = free_port()
     out = run("top", "--bus", f"zenoh:?listen=tcp/127.0.0.1:{port}", "--ns", "clitopn", "--duration", "1")

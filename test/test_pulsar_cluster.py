@@ -152,6 +152,9 @@ async def test_a_sensor_stream_reports_the_gap_the_death_of_its_broker_left(clus
     cluster.restore()
 
 
+# under load the broker has once failed the writes of the bookie's outage ("not enough non-faulty
+# bookies") and the stream then stood still past the test's 120 s; one rerun on a restored cluster
+@pytest.mark.flaky(reruns=1)
 async def test_a_stream_rides_a_bookie_killed_and_restarted(cluster: PulsarCluster) -> None:
     def crash(_bus: object) -> None:
         bookie = cluster.bookies[0]
@@ -198,10 +201,11 @@ async def test_the_action_queue_rides_the_death_of_the_broker_of_its_state_log(
         stop = asyncio.Event()
         tasks = []
         for name, ex_bus in (("e0", ex_bus0), ("e1", ex_bus1)):
-            ex = Executor(ex_bus, name, policy=policy, concurrency=4, connect_timeout_s=120)
+            ex = Executor(ex_bus, name, concurrency=4, connect_timeout_s=120)
             ex.handler("work")(work)
             tasks.append(asyncio.create_task(ex.run(stop)))
-        async with Planner(bus, policy=policy, connect_timeout_s=120) as planner:
+        async with Planner(bus, connect_timeout_s=120) as planner:
+            await planner.set_policy(policy)
             handles = [await planner.submit("work", i) for i in range(100)]
             owner = cluster.owner(ActionTopics.of(bus.engine.settings).state)  # type: ignore[arg-type]
             await asyncio.to_thread(cluster.kill, owner)

@@ -16,7 +16,7 @@ from embodied_bus.actions.model import (
     decode_action,
     encode_action,
 )
-from embodied_bus.actions.policy import DEFAULT_RETRY, PermanentFailure, RetryPolicy
+from embodied_bus.actions.policy import DEFAULT_RETRY, PermanentFailure, RetryPolicies, RetryPolicy
 from embodied_bus.actions.queue import (
     EXECUTOR_GROUP,
     ActionQueue,
@@ -47,6 +47,7 @@ __all__ = [
     "Planner",
     "QueueService",
     "QueueUnavailable",
+    "RetryPolicies",
     "RetryPolicy",
     "SessionFailure",
     "decode_action",

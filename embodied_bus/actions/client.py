@@ -13,7 +13,7 @@ from dataclasses import replace
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from embodied_bus.actions.model import Action, ActionError, ActionStatus, SessionFailure
-from embodied_bus.actions.policy import DEFAULT_RETRY, RetryPolicy
+from embodied_bus.actions.policy import RetryPolicy
 from embodied_bus.actions.queue import ActionQueue, Backlog, QueueOptions, QueueUnavailable, open_queue
 from embodied_bus.errors import BusClosedError, BusConnectionError
 from embodied_bus.security.seal import Sealer, Trust
@@ -61,8 +61,6 @@ class Planner:
         timeout_s: How long one request waits for the queue, seconds.
         signer: Sign every submitted action (executors with a verifier run only signed ones); a
             signer without an audience signs for this bus's namespace.
-        policy: Retry policy for actions requeued from the dead-letter queue on Pulsar (a queue
-            service applies its own).
         connect_timeout_s: While the queue is away (a restart, a network drop), requests are
             tried again with backoff for up to this long before they fail with
             :class:`~embodied_bus.actions.queue.QueueUnavailable` (0: fail at once).
@@ -81,7 +79,6 @@ class Planner:
         queue: ActionQueue | None = None,
         timeout_s: float = REQUEST_TIMEOUT_S,
         signer: Signer | None = None,
-        policy: RetryPolicy = DEFAULT_RETRY,
         connect_timeout_s: float = CONNECT_TIMEOUT_S,
         sealer: Sealer | None = None,
         trust: Trust | None = None,
@@ -95,7 +92,7 @@ class Planner:
         self.signer = signer
         self.connect_timeout_s = connect_timeout_s
         self._own_queue = queue is None
-        options = QueueOptions(policy, timeout_s, sealer, trust)
+        options = QueueOptions(timeout_s, sealer, trust)
         self.queue = queue if queue is not None else open_queue(bus, options)  # type: ignore[arg-type]
         # One subscription for every result (not one per action), opened before the first
         # submit so results that arrive before anyone awaits them are kept (bounded).
@@ -323,6 +320,16 @@ class Planner:
     async def purge_dead(self) -> int:
         """Delete the dead-letter queue; returns how many were removed."""
         return await self._retrying("purge", self.queue.purge_dead)
+
+    async def set_policy(self, policy: RetryPolicy, kind: str | None = None) -> None:
+        """Make ``policy`` the queue's retry policy of ``kind`` (None: of kinds without one of
+        their own), for every executor (see :meth:`ActionQueue.set_policy`).
+
+        Raises:
+            BusConfigError: The queue takes its policies from its configuration (Zenoh: the
+                queue service's).
+        """
+        await self._retrying("set policy", lambda: self.queue.set_policy(policy, kind))
 
     def handle(self, action_id: str) -> ActionHandle:
         """A handle on an existing action (e.g. after a planner restart)."""

@@ -6,21 +6,34 @@ from __future__ import annotations
 import asyncio
 import json
 import time
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 from embodied_bus.actions.model import Action
 from embodied_bus.actions.queue import LEASE_S, Lease
 
-if TYPE_CHECKING:
-    from embodied_bus.actions.executor import Executor
-
-__all__ = ["OWNER_WINDOW_S", "ActionContext"]
+__all__ = ["OWNER_WINDOW_S", "ActionContext", "ContextPort"]
 
 #: A lease counts as held for this long after the queue last confirmed it, seconds: less than
 #: the queue's lease (:data:`~embodied_bus.actions.queue.LEASE_S`), which starts later (when the
 #: confirmation arrives there), so an executor that can no longer reach the queue stops
 #: believing it holds the action before the queue hands it to another executor.
 OWNER_WINDOW_S = 0.8 * LEASE_S
+
+
+class ContextPort(Protocol):
+    """What a context asks of its executor's link to the queue."""
+
+    def queue_reachable(self) -> bool:
+        """Whether the queue can be reached now."""
+        ...
+
+    def send_feedback(self, lease: Lease, data: bytes) -> None:
+        """Feedback of a running attempt (best effort, never blocks)."""
+        ...
+
+    async def save_checkpoint(self, ctx: ActionContext, state: Any) -> None:
+        """Save a checkpoint now, or when the queue is back."""
+        ...
 
 
 class ActionContext:
@@ -38,11 +51,11 @@ class ActionContext:
             its lease was taken back (see :meth:`still_owner`).
     """
 
-    def __init__(self, executor: Executor, lease: Lease) -> None:
-        self._executor = executor
+    def __init__(self, port: ContextPort, executor: str, lease: Lease) -> None:
+        self._port = port
         self.lease = lease
         self.action: Action = lease.action
-        self.executor = executor.name
+        self.executor = executor
         self.attempt = lease.attempt
         self.fencing_token = lease.attempt
         self.previous_checkpoint = lease.action.checkpoint
@@ -71,13 +84,13 @@ class ActionContext:
         if self.lost:
             return False
         fresh = time.monotonic() - self.confirmed_mono < OWNER_WINDOW_S
-        return fresh and self._executor.queue_reachable()
+        return fresh and self._port.queue_reachable()
 
     def feedback(self, data: Any) -> None:
         """Send progress to the planner (JSON-compatible; best effort, never blocks)."""
-        self._executor.send_feedback(self.lease, json.dumps(data).encode())
+        self._port.send_feedback(self.lease, json.dumps(data).encode())
 
     async def checkpoint(self, state: Any) -> None:
         """Save resumable progress durably; a retry elsewhere starts from it. While the queue is
         away the latest checkpoint waits and is saved when it is back."""
-        await self._executor.save_checkpoint(self, state)
+        await self._port.save_checkpoint(self, state)

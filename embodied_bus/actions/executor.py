@@ -6,6 +6,10 @@ The executor sees only the :class:`~embodied_bus.actions.queue.WorkerLink` of it
 backend. While the queue is away (the queue service or the broker restarts, the network
 drops) it keeps its handlers running and keeps their outcomes; it reconnects with backoff,
 renews what it holds, reports what finished meanwhile, and only then takes new work.
+
+This module is the facade: the handler registry, the run loop and one attempt's run. Which
+leases run and wait is :mod:`~embodied_bus.actions.intake`; outcomes, outages and what a
+context asks of the queue are :mod:`~embodied_bus.actions.reporting`.
 """
 
 from __future__ import annotations
@@ -15,14 +19,13 @@ import inspect
 import logging
 import time
 import uuid
-from collections import OrderedDict
-from collections.abc import Awaitable, Callable, Sequence
-from functools import partial
+from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING, Any
 
 from embodied_bus.actions.context import ActionContext
+from embodied_bus.actions.intake import Intake
 from embodied_bus.actions.model import Action, ActionError
-from embodied_bus.actions.policy import DEFAULT_RETRY, PermanentFailure, RetryPolicy
+from embodied_bus.actions.policy import PermanentFailure
 from embodied_bus.actions.queue import (
     LEASE_S,
     ActionQueue,
@@ -34,6 +37,7 @@ from embodied_bus.actions.queue import (
     WorkerLink,
     open_queue,
 )
+from embodied_bus.actions.reporting import RECONNECT_FIRST_S, RECONNECT_MAX_S, Reporter
 from embodied_bus.errors import BusClosedError
 from embodied_bus.security.seal import Sealer, Trust
 from embodied_bus.security.signing import ActionRejected, Verifier
@@ -46,9 +50,6 @@ __all__ = ["ActionContext", "Executor", "Handler"]
 _log = logging.getLogger("embodied_bus.actions")
 #: An idle executor looks for work at least this often, seconds (a wake-up comes sooner).
 IDLE_LOOK_S = 0.5
-#: First and longest pause between tries to reach a queue that is away, seconds.
-RECONNECT_FIRST_S = 0.2
-RECONNECT_MAX_S = 2.0
 #: How long a stopping executor keeps trying to report what it finished, seconds.
 STOP_REPORT_S = 10.0
 
@@ -72,7 +73,6 @@ class Executor:
         verifier: Accept only actions signed by a key the allow-list permits for their kind;
             anything else is dead-lettered with the reason before a handler sees it (None: run
             unsigned actions too).
-        policy: Retry policy where executors apply it (Pulsar; a queue service applies its own).
         connect_timeout_s: How long :meth:`run` waits for the queue to answer at start before
             it fails (None: wait until it does, saying so in the log).
         sealer: Seal this executor's queue requests and feedback with its key.
@@ -93,7 +93,6 @@ class Executor:
         prefetch: int | None = None,
         labels: dict[str, str] | None = None,
         verifier: Verifier | None = None,
-        policy: RetryPolicy = DEFAULT_RETRY,
         connect_timeout_s: float | None = None,
         sealer: Sealer | None = None,
         trust: Trust | None = None,
@@ -115,33 +114,22 @@ class Executor:
         self.connect_timeout_s = connect_timeout_s
         self.handlers: dict[str, Handler] = {}
         self._own_queue = queue is None
-        options = QueueOptions(policy, sealer=sealer, trust=trust)
+        options = QueueOptions(sealer=sealer, trust=trust)
         self.queue = queue if queue is not None else open_queue(bus, options)  # type: ignore[arg-type]
-        self._link: WorkerLink | None = None
         self.completed = 0
         self.failed = 0
-        #: Outcomes the queue did not accept as the attempt's own (the lease was taken back).
-        self.unreported = 0
         #: Actions the queue pushed to this executor while it was idle.
         self.pushed = 0
-        #: Actions leased in the answer to a report (no separate take round trip).
-        self.leased_with_ack = 0
-        #: Times the queue was found away while this executor ran.
-        self.outages = 0
-        #: Leases refused: granted to another executor or process, or run here already.
-        self.refused_leases = 0
-        self._ran: OrderedDict[tuple[str, int], None] = OrderedDict()  # attempts started here
         self._sync_kinds: set[str] = set()
-        self._running: dict[str, tuple[ActionContext, asyncio.Task[None]]] = {}
-        self._waiting: list[Lease] = []  # leases pushed beyond the free slots
-        self._pending: list[Report] = []  # outcomes not yet accepted by the queue
-        self._asking = 0  # slots asked for in requests under way
-        self._flushing: asyncio.Task[None] | None = None
-        self._offline: str | None = None  # why the queue is away, while it is
-        self._taking = False  # take work with reports (cleared when stopping)
         self._woke = False  # work may be ready (a wake-up, a delivery, a full take)
         self._wake_fut: asyncio.Future[None] | None = None  # what _await_change waits on
-        self._verified: dict[str, Action] = {}  # signed actions whose success is being reported
+        self._intake = Intake(
+            self.name, self.session, concurrency, self._context, self._run_one, self._slot_freed
+        )
+        self._reporter = Reporter(self.name, self._intake, verifier, self._mark_woke, self._nudge)
+
+    def _context(self, lease: Lease) -> ActionContext:
+        return ActionContext(self._reporter, self.name, lease)
 
     # ------------------------------------------------------------------ registration and stats
     def handler(self, kind: str) -> Callable[[Handler], Handler]:
@@ -161,71 +149,39 @@ class Executor:
         return {
             "executor": self.name,
             "concurrency": self.concurrency,
-            "running": len(self._running),
+            "running": len(self._intake.running),
             "completed": self.completed,
             "failed": self.failed,
             "unreported": self.unreported,
         }
 
-    # ------------------------------------------------------------------ what contexts call
+    @property
+    def unreported(self) -> int:
+        """Outcomes the queue did not accept as the attempt's own (the lease was taken back)."""
+        return self._reporter.unreported
+
+    @property
+    def leased_with_ack(self) -> int:
+        """Actions leased in the answer to a report (no separate take round trip)."""
+        return self._reporter.leased_with_ack
+
+    @property
+    def outages(self) -> int:
+        """Times the queue was found away while this executor ran."""
+        return self._reporter.outages
+
+    @property
+    def refused_leases(self) -> int:
+        """Leases refused: granted to another executor or process, or run here already."""
+        return self._intake.refused_leases
+
     def queue_reachable(self) -> bool:
-        """Whether the queue can be reached now (for :meth:`ActionContext.still_owner`)."""
-        return self._offline is None and self._link is not None and self._link.connected()
+        """Whether the queue can be reached now."""
+        return self._reporter.queue_reachable()
 
-    def send_feedback(self, lease: Lease, data: bytes) -> None:
-        """Feedback of a running attempt (best effort)."""
-        if self._link is not None:
-            self._link.feedback(lease, data)
-
-    async def save_checkpoint(self, ctx: ActionContext, state: Any) -> None:
-        """Save a checkpoint now, or when the queue is back."""
-        if self._link is None:
-            return
-        try:
-            await self._link.checkpoint(ctx.lease, state)
-        except QueueUnavailable as err:
-            ctx.pending_checkpoint, ctx.has_pending_checkpoint = state, True
-            self._go_offline(err)
-
-    # ------------------------------------------------------------------ running handlers
-    def _free(self) -> int:
-        return self.concurrency - len(self._running) - self._asking
-
-    def _refused(self, lease: Lease) -> str | None:
-        """Why ``lease`` may not run here (None: it may)."""
-        last = lease.action.attempts[-1] if lease.action.attempts else None
-        if last is None or not last.open:
-            return "it holds no open attempt"
-        if last.executor != self.name or last.session != self.session:
-            return f"it was granted to {last.executor!r} (process {last.session or '?'}), not to this one"
-        if (lease.id, last.number) in self._ran:
-            return f"attempt {last.number} already ran here"
-        return None
-
-    def _start(self, lease: Lease) -> None:
-        if lease.id in self._running or any(x.id == lease.id for x in self._waiting):
-            return  # a duplicate of what runs or waits
-        why = self._refused(lease)
-        if why is not None:
-            self.refused_leases += 1
-            _log.warning("%s: refused a lease on action %s: %s", self.name, lease.id, why)
-            return
-        if len(self._running) >= self.concurrency:
-            self._waiting.append(lease)  # pushed beyond the free slots: runs when one frees
-            return
-        self._ran[(lease.id, lease.attempt)] = None
-        while len(self._ran) > 100_000:
-            self._ran.popitem(last=False)
-        ctx = ActionContext(self, lease)
-        task = asyncio.create_task(self._run_one(ctx))
-        self._running[lease.id] = (ctx, task)
-        task.add_done_callback(partial(self._ended, lease.id))
-
-    def _ended(self, action_id: str, _task: asyncio.Task[None]) -> None:
-        self._running.pop(action_id, None)
-        while self._waiting and len(self._running) < self.concurrency:
-            self._start(self._waiting.pop(0))
-        if self._link is not None and not self._link.takes_with_reports:
+    # ------------------------------------------------------------------ running one attempt
+    def _slot_freed(self) -> None:
+        if self._reporter.link is not None and not self._reporter.link.takes_with_reports:
             self._woke = True  # no report brings the next: look for it now
         self._nudge()
 
@@ -246,10 +202,10 @@ class Executor:
         """Whether a lease that arrived old may run: the queue confirms it still holds (else it
         is not run, and its attempt is reported back unrun)."""
         deadline = time.monotonic() + 2 * LEASE_S
-        while self._link is not None and time.monotonic() < deadline:
+        while self._reporter.link is not None and time.monotonic() < deadline:
             sent = time.monotonic()
             try:
-                renewal = await self._link.renew([ctx.lease])
+                renewal = await self._reporter.link.renew([ctx.lease])
             except QueueUnavailable:
                 await asyncio.sleep(RECONNECT_FIRST_S)
                 continue
@@ -269,13 +225,14 @@ class Executor:
     async def _run_one(self, ctx: ActionContext) -> None:
         action = ctx.action
         lease = ctx.lease
+        report = self._reporter.report
         if not ctx.still_owner() and not await self._confirmed(ctx):
             # unrun: the attempt goes back to the queue to be retried (noted only, if the queue
             # took it back already); kept until the queue is back, as any outcome
             reason = (
                 f"not run by {self.name}: its lease was old when it arrived and the queue did not confirm it"
             )
-            self._report(Report(action.id, lease.attempt, False, reason=reason))
+            report(Report(action.id, lease.attempt, False, reason=reason))
             return
         if self.verifier is not None:
             try:
@@ -283,15 +240,8 @@ class Executor:
             except ActionRejected as err:
                 _log.warning("rejected action %s (%s): %s", action.id, action.kind, err)
                 self.failed += 1
-                self._report(
-                    Report(
-                        action.id,
-                        lease.attempt,
-                        False,
-                        reason=f"rejected by {self.name}: {err}",
-                        permanent=True,
-                    )
-                )
+                reason = f"rejected by {self.name}: {err}"
+                report(Report(action.id, lease.attempt, False, reason=reason, permanent=True))
                 return
         try:
             result = self.handlers[action.kind](action, ctx)
@@ -301,157 +251,27 @@ class Executor:
                 self._ran_synchronously(action.kind)
         except PermanentFailure as err:
             self.failed += 1
-            self._report(
-                Report(action.id, lease.attempt, False, reason=str(err) or "rejected", permanent=True)
-            )
+            report(Report(action.id, lease.attempt, False, reason=str(err) or "rejected", permanent=True))
         except Exception as err:
             self.failed += 1
-            self._report(Report(action.id, lease.attempt, False, reason=f"{type(err).__name__}: {err}"))
+            report(Report(action.id, lease.attempt, False, reason=f"{type(err).__name__}: {err}"))
         else:
             self.completed += 1
-            if self.verifier is not None:
-                self._verified[action.id] = action
-            self._report(Report(action.id, lease.attempt, True, result=result))
-
-    # ------------------------------------------------------------------ reports
-    def _report(self, report: Report) -> None:
-        """Queue an outcome: outcomes that end in the same loop turn go in one request."""
-        self._pending.append(report)
-        if self._flushing is None or self._flushing.done():
-            self._flushing = asyncio.ensure_future(self._flush())
-
-    async def _flush(self) -> None:
-        await asyncio.sleep(0)  # gather what ends in this turn
-        while self._pending and self._offline is None and self._link is not None:
-            batch, self._pending = self._pending, []
-            take = max(0, self._free()) if self._taking and self._link.takes_with_reports else 0
-            self._asking += take
-            try:
-                reply = await self._link.report(batch, take=take)
-            except QueueUnavailable as err:
-                self._pending[:0] = batch  # kept, in order, for when the queue is back
-                self._go_offline(err)
-                return
-            finally:
-                self._asking -= take
-                self._nudge()  # the slots asked for are free again, or filled below
-            self._settle_receipts(batch, reply.receipts)
-            if take:
-                if len(reply.leases) >= take:
-                    self._woke = True  # a full take: more may be waiting
-                self.leased_with_ack += len(reply.leases)
-                for lease in reply.leases:
-                    self._start(lease)
-
-    def _settle_receipts(self, batch: Sequence[Report], receipts: Sequence[Any]) -> None:
-        for report, receipt in zip(batch, receipts, strict=True):
-            signed = self._verified.pop(report.action_id, None) if report.ok else None
-            if receipt.accepted:
-                if signed is not None and self.verifier is not None:
-                    self.verifier.completed(signed)
-                continue
-            self.unreported += 1
-            _log.warning(
-                "%s: outcome of action %s (attempt %d) not recorded: %s",
-                self.name,
-                report.action_id,
-                report.attempt,
-                receipt.error,
-            )
-
-    # ------------------------------------------------------------------ outages
-    def _go_offline(self, err: Exception) -> None:
-        if self._offline is None:
-            self.outages += 1
-            self._offline = str(err)
-            _log.warning(
-                "%s: the action queue is away (%s); handlers keep running, their outcomes are kept "
-                "and reported when it is back",
-                self.name,
-                err,
-            )
-        self._nudge()
-
-    async def _recover(self, stop: asyncio.Event | None = None, until_mono: float | None = None) -> bool:
-        """Reconnect with backoff: renew what runs, send checkpoints and outcomes kept meanwhile.
-        Gives up (returns False) once ``stop`` is set or ``until_mono`` has passed."""
-        assert self._link is not None
-        pause = RECONNECT_FIRST_S
-        reported = 0
-        while True:
-            try:
-                await self._renew_once()
-                for ctx, _ in list(self._running.values()):
-                    if ctx.has_pending_checkpoint and not ctx.lost:
-                        await self._link.checkpoint(ctx.lease, ctx.pending_checkpoint)
-                        ctx.has_pending_checkpoint = False
-                batch, self._pending = self._pending, []
-                reported = len(batch)
-                if batch:
-                    try:
-                        reply = await self._link.report(batch)
-                    except QueueUnavailable:
-                        self._pending[:0] = batch
-                        raise
-                    self._settle_receipts(batch, reply.receipts)
-                break
-            except QueueUnavailable as err:
-                self._offline = str(err)
-                if until_mono is not None and time.monotonic() + pause > until_mono:
-                    return False
-                if stop is not None:
-                    try:
-                        await asyncio.wait_for(stop.wait(), pause)
-                        return False
-                    except TimeoutError:
-                        pass
-                else:
-                    await asyncio.sleep(pause)
-                pause = min(RECONNECT_MAX_S, pause * 2)
-        _log.warning(
-            "%s: the action queue is back; %d outcome(s) kept meanwhile reported", self.name, reported
-        )
-        self._offline = None
-        return True
-
-    async def _renew_once(self) -> None:
-        """Renew every lease held (raises :class:`QueueUnavailable`)."""
-        assert self._link is not None
-        contexts = [ctx for ctx, _ in self._running.values() if not ctx.lost]
-        leases = [ctx.lease for ctx in contexts] + list(self._waiting)
-        if not leases:
-            return
-        sent = time.monotonic()
-        renewal = await self._link.renew(leases)
-        for ctx in contexts:
-            if ctx.lease.id not in self._running:
-                continue  # it ended while the renewal was under way
-            if ctx.lease.id in renewal.lost:
-                ctx.lost = True
-                ctx.cancelled.set()
-                _log.warning(
-                    "%s: the queue took action %s (attempt %d) back; its handler is told to stop",
-                    self.name,
-                    ctx.lease.id,
-                    ctx.lease.attempt,
-                )
-                continue
-            ctx.confirmed_mono = sent
-            if ctx.lease.id in renewal.canceled:
-                ctx.cancelled.set()
-        self._waiting = [x for x in self._waiting if x.id not in renewal.lost]
-
-    async def _renew_loop(self) -> None:
-        while True:
-            await asyncio.sleep(LEASE_S / 3)
-            if self._offline is not None:
-                continue
-            try:
-                await self._renew_once()
-            except QueueUnavailable as err:
-                self._go_offline(err)
+            signed = action if self.verifier is not None else None
+            report(Report(action.id, lease.attempt, True, result=result), signed)
 
     # ------------------------------------------------------------------ main loop
+    async def _renew_loop(self) -> None:
+        reporter = self._reporter
+        while True:
+            await asyncio.sleep(LEASE_S / 3)
+            if reporter.offline is not None or reporter.link is None:
+                continue
+            try:
+                await self._intake.renew(reporter.link)
+            except QueueUnavailable as err:
+                reporter.go_offline(err)
+
     async def _connect(self) -> WorkerLink:
         """Open the link, waiting for the queue (with a log line) up to ``connect_timeout_s``."""
         spec = ExecutorSpec(
@@ -482,6 +302,9 @@ class Executor:
                 await asyncio.sleep(pause)
                 pause = min(RECONNECT_MAX_S, pause * 2)
 
+    def _mark_woke(self) -> None:
+        self._woke = True
+
     def _woken(self) -> None:
         """Work may be ready (loop thread)."""
         self._woke = True
@@ -496,7 +319,7 @@ class Executor:
     def _accept_pushed(self, leases: list[Lease]) -> None:
         self.pushed += len(leases)
         for lease in leases:
-            self._start(lease)
+            self._intake.start(lease)
 
     async def _await_change(self, stop: asyncio.Event) -> None:
         """Wait for a nudge, ``stop`` or :data:`IDLE_LOOK_S` (then look for work anyway), one
@@ -520,7 +343,7 @@ class Executor:
     def _closed_under(self) -> BusClosedError:
         return BusClosedError(
             f"executor {self.name!r}: its bus was closed while it ran; it stopped, and the "
-            f"{len(self._running)} action(s) it was running go back to the queue"
+            f"{len(self._intake.running)} action(s) it was running go back to the queue"
         )
 
     async def run(self, stop: asyncio.Event) -> None:
@@ -532,86 +355,87 @@ class Executor:
                 was running go back to the queue.
             QueueUnavailable: No queue answered within ``connect_timeout_s`` at start.
         """
-        self._link = link = await self._connect()
+        reporter = self._reporter
+        reporter.link = link = await self._connect()
         stopping = asyncio.ensure_future(stop.wait())  # wakes an idle wait at once
         stopping.add_done_callback(lambda _: self._nudge())
         renewer = asyncio.ensure_future(self._renew_loop())
-        self._taking = True
+        reporter.taking = True
         try:
             await self._serve(stop, link)
-            self._taking = False
+            reporter.taking = False
             try:  # no more pushes; one racing with this still runs below
                 await link.retire()
             except (QueueUnavailable, BusClosedError, ActionError) as err:
                 _log.debug("%s could not retire: %s", self.name, err)
-            await self._drain(stop)
+            await self._drain()
         except BusClosedError as err:  # a call on the bus found it closed
             if self.bus is not None and self.bus.closed:
                 raise self._closed_under() from err
             raise
         finally:
-            self._taking = False
+            reporter.taking = False
             stopping.cancel()
             renewer.cancel()
-            self._link = None
+            reporter.link = None
             await link.close()
             if self._own_queue:
                 await self.queue.close()
 
     async def _serve(self, stop: asyncio.Event, link: WorkerLink) -> None:
         """Take work while slots are free and work may be ready."""
+        intake, reporter = self._intake, self._reporter
         self._woke = True  # look once at start
         while not stop.is_set():
             if self.bus is not None and self.bus.closed:  # the program closed the bus first
                 raise self._closed_under()
-            if self._offline is not None:
-                if await self._recover(stop):
+            if reporter.offline is not None:
+                if await reporter.recover(stop):
                     self._woke = True
                 continue
-            free = self._free()
+            free = intake.free()
             if free <= 0 or not self._woke:
                 await self._await_change(stop)
                 continue
             self._woke = False
-            self._asking += free
+            intake.asking += free
             try:
                 leases = await link.take(free)
             except QueueUnavailable as err:
-                self._go_offline(err)
+                reporter.go_offline(err)
                 continue
             finally:
-                self._asking -= free
+                intake.asking -= free
             if len(leases) >= free:
                 self._woke = True  # a full take: more may be waiting
             for lease in leases:
-                self._start(lease)
+                intake.start(lease)
 
-    async def _drain(self, stop: asyncio.Event) -> None:
+    async def _drain(self) -> None:
         """Let running handlers finish and report their outcomes (trying for
         :data:`STOP_REPORT_S` if the queue is away)."""
-        while self._running or self._waiting:
-            tasks = [task for _, task in self._running.values()]
+        intake, reporter = self._intake, self._reporter
+        while intake.busy():
+            tasks = intake.tasks()
             if tasks:
                 await asyncio.wait(tasks)
             else:
                 await asyncio.sleep(0)
         deadline = time.monotonic() + STOP_REPORT_S
-        while (self._pending or (self._flushing is not None and not self._flushing.done())) and (
-            time.monotonic() < deadline
-        ):
-            if self._flushing is not None and not self._flushing.done():
-                await self._flushing
+        while (reporter.pending or reporter.flushing()) and time.monotonic() < deadline:
+            if reporter.flushing():
+                await reporter.wait_flushed()
                 continue
-            if self._offline is not None:
-                if not await self._recover(until_mono=deadline):
+            if reporter.offline is not None:
+                if not await reporter.recover(until_mono=deadline):
                     break
                 continue
-            self._flushing = asyncio.ensure_future(self._flush())
-        if self._pending:
+            reporter.flush_again()
+        if reporter.pending:
             _log.warning(
                 "%s stopped with %d outcome(s) the queue could not take; their actions run again",
                 self.name,
-                len(self._pending),
+                len(reporter.pending),
             )
 
 

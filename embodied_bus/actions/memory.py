@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from embodied_bus.actions.core import QueueCore
-from embodied_bus.actions.policy import DEFAULT_RETRY, RetryPolicy
+from embodied_bus.actions.policy import RetryPolicies, RetryPolicy
 from embodied_bus.actions.queue import QueueOptions
 from embodied_bus.actions.remote import ServiceQueue
 from embodied_bus.actions.store import DEFAULT_KEEP_ENDED, ActionStore
@@ -124,21 +124,24 @@ class MemoryQueue(ServiceQueue):
     """A queue service's logic in this process.
 
     Args:
-        policy: Retry policy.
+        policy: Retry policy (one for every kind, or per kind).
         path: SQLite file, or ``:memory:`` (nothing on disk).
         keep_ended: Ended actions kept (see :class:`~embodied_bus.actions.store.ActionStore`).
     """
 
     def __init__(
         self,
-        policy: RetryPolicy = DEFAULT_RETRY,
+        policy: RetryPolicy | RetryPolicies | None = None,
         *,
         path: str | Path = ":memory:",
         keep_ended: int = DEFAULT_KEEP_ENDED,
     ) -> None:
         hub = _Hub()
         self.core = QueueCore(ActionStore(path, policy, keep_ended=keep_ended), _Events(hub))
-        super().__init__(_LocalTransport(self.core, hub), QueueOptions(policy))
+        super().__init__(_LocalTransport(self.core, hub), QueueOptions())
+
+    async def set_policy(self, policy: RetryPolicy, kind: str | None = None) -> None:
+        self.core.store.policies = self.core.store.policies.with_policy(policy, kind)
 
     def sweep(self) -> None:
         """Take back leases that were not renewed in time and expire deadlines (a queue

@@ -3,12 +3,13 @@
 from __future__ import annotations
 
 import random
-from collections.abc import Iterable
-from dataclasses import dataclass
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field, replace
+from types import MappingProxyType
 
 from embodied_bus.errors import BusConfigError
 
-__all__ = ["DEFAULT_RETRY", "PermanentFailure", "RetryPolicy"]
+__all__ = ["DEFAULT_RETRY", "PermanentFailure", "RetryPolicies", "RetryPolicy"]
 
 
 class PermanentFailure(Exception):
@@ -62,3 +63,39 @@ class RetryPolicy:
 
 #: The policy used when none is given.
 DEFAULT_RETRY = RetryPolicy()
+
+
+@dataclass(frozen=True, slots=True)
+class RetryPolicies:
+    """The retry policies of one queue: per action kind, else the default.
+
+    The queue owns them, so every executor of a queue applies the same policy to a kind: the
+    Zenoh queue service's configuration, or policy records in the Pulsar state log (see
+    :meth:`~embodied_bus.actions.queue.ActionQueue.set_policy`).
+
+    Attributes:
+        default: The policy of kinds without one of their own.
+        kinds: Policies by action kind.
+    """
+
+    default: RetryPolicy = DEFAULT_RETRY
+    kinds: Mapping[str, RetryPolicy] = field(default_factory=lambda: MappingProxyType({}))
+
+    @classmethod
+    def of(cls, policy: RetryPolicy | RetryPolicies | None) -> RetryPolicies:
+        """``policy`` as policies (one policy: the default of every kind)."""
+        if policy is None:
+            return cls()
+        if isinstance(policy, RetryPolicies):
+            return policy
+        return cls(policy)
+
+    def for_kind(self, kind: str) -> RetryPolicy:
+        """The policy of actions of ``kind``."""
+        return self.kinds.get(kind, self.default)
+
+    def with_policy(self, policy: RetryPolicy, kind: str | None = None) -> RetryPolicies:
+        """These policies with ``policy`` for ``kind`` (None: the default)."""
+        if kind is None:
+            return replace(self, default=policy)
+        return replace(self, kinds=MappingProxyType({**self.kinds, kind: policy}))

@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING, Any
 import msgspec
 
 from embodied_bus.actions.model import Action, ActionStatus
-from embodied_bus.actions.policy import DEFAULT_RETRY, RetryPolicy
+from embodied_bus.actions.policy import RetryPolicy
 from embodied_bus.errors import BusConfigError, BusConnectionError
 
 if TYPE_CHECKING:
@@ -394,6 +394,20 @@ class ActionQueue(abc.ABC):
         """Feedback of one action (``on_feedback(parsed JSON)``) until it ends (``on_end()``),
         both on the event loop; returns a function that stops listening."""
 
+    async def set_policy(self, policy: RetryPolicy, kind: str | None = None) -> None:
+        """Make ``policy`` the retry policy of ``kind`` (None: of kinds without their own) for
+        every executor of this queue, from the next failure on.
+
+        Raises:
+            BusConfigError: This backend takes its policies from its configuration (the Zenoh
+                queue service: ``QueueService(policy=...)``, ``embodied-bus queue --retry``).
+        """
+        del policy, kind
+        raise BusConfigError(
+            "this queue's retry policies are its queue service's configuration "
+            "(QueueService(bus, db, policy=RetryPolicies(...)) or embodied-bus queue --max-attempts/--retry)"
+        )
+
     @abc.abstractmethod
     def worker(self, spec: ExecutorSpec) -> WorkerLink:
         """A link for one executor."""
@@ -408,15 +422,12 @@ class QueueOptions:
     """Options of a backend.
 
     Attributes:
-        policy: Retry policy where planners and executors apply it (Pulsar; a Zenoh queue
-            service applies its own).
         request_timeout_s: How long one request waits for the queue, seconds.
         sealer: Seal every queue message this party sends (queue service backends).
         trust: Believe only queue messages sealed by a key of this allow-list with the role the
             message needs (queue service backends; on Pulsar the broker authenticates).
     """
 
-    policy: RetryPolicy = DEFAULT_RETRY
     request_timeout_s: float = 5.0
     sealer: Sealer | None = None
     trust: Trust | None = None

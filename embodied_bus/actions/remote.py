@@ -36,6 +36,7 @@ from embodied_bus.actions.queue import (
     WorkerLink,
     announcement,
 )
+from embodied_bus.engines.capabilities import membership, notifications, request_reply
 from embodied_bus.errors import BusClosedError, BusConnectionError
 from embodied_bus.security.allowlist import Role
 from embodied_bus.security.seal import Refused, reply_channel
@@ -97,21 +98,27 @@ class ZenohTransport:
     async def request(
         self, payload: bytes, timeout_s: float, accept: Callable[[bytes], bool] | None = None
     ) -> bytes | None:
-        return await self.bus.engine.request(SERVICE, payload, timeout_s, accept)
+        return await request_reply(self.bus.engine, "the action queue service's clients").request(
+            SERVICE, payload, timeout_s, accept
+        )
 
     def listen(self, topic: str, callback: Callable[[str, bytes], None]) -> Any:
-        return self.bus.engine.listen(topic, callback)
+        return notifications(self.bus.engine, "the action queue service's clients").listen(topic, callback)
 
     def notify(self, topic: str, payload: bytes) -> None:
-        self.bus.engine.notify(topic, payload)
+        notifications(self.bus.engine, "the action queue service's clients").notify(topic, payload)
 
     async def join(self, member: str, value: str) -> GroupMembership:
-        group = await self.bus.engine.watch_group(EXECUTOR_GROUP, lambda *_: None)
+        group = await membership(self.bus.engine, "the action queue service's clients").watch_group(
+            EXECUTOR_GROUP, lambda *_: None
+        )
         await group.announce(member, value)
         return group
 
     async def watch_service(self) -> GroupMembership:
-        return await self.bus.engine.watch_group(QUEUE_GROUP, lambda *_: None)
+        return await membership(self.bus.engine, "the action queue service's clients").watch_group(
+            QUEUE_GROUP, lambda *_: None
+        )
 
 
 _WARNED_UNSEALED: set[str] = set()

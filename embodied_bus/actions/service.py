@@ -20,11 +20,12 @@ import uuid
 from pathlib import Path
 
 from embodied_bus.actions.core import QueueCore
-from embodied_bus.actions.policy import DEFAULT_RETRY, RetryPolicy
+from embodied_bus.actions.policy import RetryPolicies, RetryPolicy
 from embodied_bus.actions.queue import EXECUTOR_GROUP, Backlog
 from embodied_bus.actions.remote import QUEUE_GROUP, SERVICE, warn_if_unsealed
 from embodied_bus.actions.store import DEFAULT_KEEP_ENDED, ActionStore
 from embodied_bus.bus import Bus
+from embodied_bus.engines.capabilities import membership, notifications, request_reply
 from embodied_bus.errors import EmbodiedBusError
 from embodied_bus.security.seal import Sealer, Trust
 
@@ -43,47 +44,67 @@ PRUNE_S = 60.0
 LOSS_GRACE_S = 0.25
 
 
-class _BusEvents:
-    """The core's events as Zenoh notifications.
+class _Sender:
+    """Sends notifications from a thread of its own, in the order given."""
 
-    Pushes are sent with congestion control ``BLOCK`` (a push dropped under congestion would
-    wait for its lease to expire), from a thread of their own, in order: a push to an executor
-    whose link is cut may wait until the link comes back or is closed, and must not hold the
-    thread that answers every other request meanwhile (the core runs on Zenoh's threads).
+    def __init__(self, bus: Bus, name: str, *, block: bool) -> None:
+        self.bus = bus
+        self.name = name
+        self.block = block
+        self._items: queue.SimpleQueue[tuple[str, bytes] | None] = queue.SimpleQueue()
+        self._thread: threading.Thread | None = None
+
+    def send(self, topic: str, payload: bytes) -> None:
+        if self._thread is None:
+            self._thread = threading.Thread(target=self._run, name=self.name, daemon=True)
+            self._thread.start()
+        self._items.put((topic, payload))
+
+    def _run(self) -> None:
+        while (item := self._items.get()) is not None:
+            topic, payload = item
+            try:
+                notifications(self.bus.engine, "the action queue service").notify(
+                    topic, payload, block=self.block
+                )
+            except EmbodiedBusError as err:  # closing: results are stored, leases expire
+                _log.debug("%s not sent: %s", topic, err)
+
+    def close(self) -> None:
+        """Stop the thread once it has sent what is queued (it is a daemon: a send stuck on a
+        dead link does not hold the process)."""
+        if self._thread is not None:
+            self._items.put(None)
+
+
+class _BusEvents:
+    """The core's events as Zenoh notifications, never sent from the caller's thread.
+
+    The core calls these while it holds its lock, on Zenoh's threads; a Zenoh put from there
+    can wait for a Zenoh thread that is itself waiting for that lock (a membership callback),
+    so every notification goes out from a sender thread. Pushes are sent with congestion
+    control ``BLOCK`` (a push dropped under congestion would wait for its lease to expire) from
+    a thread of their own, in order: a push to an executor whose link is cut may wait until the
+    link comes back or is closed, and must not hold results and wake-ups meanwhile.
     """
 
     def __init__(self, bus: Bus) -> None:
-        self.bus = bus
-        self._pushes: queue.SimpleQueue[tuple[str, bytes] | None] = queue.SimpleQueue()
-        self._pusher: threading.Thread | None = None
-
-    def _notify(self, topic: str, payload: bytes, *, block: bool = False) -> None:
-        try:
-            self.bus.engine.notify(topic, payload, block=block)
-        except EmbodiedBusError as err:  # closing: results are stored, leases expire
-            _log.debug("%s not sent: %s", topic, err)
+        self._notes = _Sender(bus, "eb-queue-notify", block=False)
+        self._pushes = _Sender(bus, "eb-queue-push", block=True)
 
     def result(self, action_id: str, payload: bytes) -> None:
-        self._notify(f"actions/result/{action_id}", payload)
+        self._notes.send(f"actions/result/{action_id}", payload)
 
     def wake(self, kind: str) -> None:
-        self._notify(f"actions/wake/{kind}", b"")
+        self._notes.send(f"actions/wake/{kind}", b"")
 
     def push(self, executor: str, payload: bytes) -> None:
-        if self._pusher is None:
-            self._pusher = threading.Thread(target=self._send_pushes, name="eb-queue-push", daemon=True)
-            self._pusher.start()
-        self._pushes.put((f"actions/assign/{executor}", payload))
-
-    def _send_pushes(self) -> None:
-        while (item := self._pushes.get()) is not None:
-            self._notify(*item, block=True)
+        self._pushes.send(f"actions/assign/{executor}", payload)
 
     def close(self) -> None:
-        """Stop the push thread once it has sent what is queued (it is a daemon: a push stuck
-        on a dead link does not hold the process)."""
-        if self._pusher is not None:
-            self._pushes.put(None)
+        """Stop the sender threads once they have sent what is queued."""
+        self._notes.close()
+        self._pushes.close()
 
 
 class QueueService:
@@ -92,7 +113,8 @@ class QueueService:
     Args:
         bus: The bus to serve on (Zenoh).
         db_path: SQLite file (WAL, fsync on commit).
-        policy: Retry policy.
+        policy: Retry policy of every executor of this queue (one for every kind, or per
+            kind).
         keep_ended: Ended actions (succeeded or canceled) kept for planners that look them up
             later: the newest this many by submit order; older ones are deleted every
             :data:`PRUNE_S` seconds (dead letters stay until requeued or purged).
@@ -106,7 +128,7 @@ class QueueService:
         self,
         bus: Bus,
         db_path: str | Path,
-        policy: RetryPolicy = DEFAULT_RETRY,
+        policy: RetryPolicy | RetryPolicies | None = None,
         *,
         keep_ended: int = DEFAULT_KEEP_ENDED,
         sealer: Sealer | None = None,
@@ -160,9 +182,13 @@ class QueueService:
         core = self.core
         warn_if_unsealed(self.bus, core.sealer is not None and core.trust is not None, "the queue service")
         core.start()
-        handle = self.bus.engine.serve(SERVICE, core.handle_bytes)
-        executors = await self.bus.engine.watch_group(EXECUTOR_GROUP, core.executor_changed)
-        me = await self.bus.engine.watch_group(QUEUE_GROUP, lambda *_: None)
+        handle = request_reply(self.bus.engine, "the action queue service").serve(SERVICE, core.handle_bytes)
+        executors = await membership(self.bus.engine, "the action queue service").watch_group(
+            EXECUTOR_GROUP, core.executor_changed
+        )
+        me = await membership(self.bus.engine, "the action queue service").watch_group(
+            QUEUE_GROUP, lambda *_: None
+        )
         await me.announce(f"q{uuid.uuid4().hex[:12]}", "serving")
         if ready is not None:
             ready.set()

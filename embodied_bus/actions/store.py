@@ -18,7 +18,7 @@ from typing import Any
 from embodied_bus.actions import lifecycle
 from embodied_bus.actions.lifecycle import Admission, gates
 from embodied_bus.actions.model import Action, ActionError, ActionStatus, decode_action, encode_action
-from embodied_bus.actions.policy import DEFAULT_RETRY, RetryPolicy
+from embodied_bus.actions.policy import RetryPolicies, RetryPolicy
 from embodied_bus.actions.sessions import Sessions
 from embodied_bus.actions.table import UPDATE_ACTION, ActionTable
 
@@ -53,17 +53,21 @@ class ActionStore:
 
     Args:
         path: SQLite file (``:memory:`` for tests of pure logic).
-        policy: Retry policy applied on nack and lost leases.
+        policy: Retry policy applied on nack and lost leases (one for every kind, or per kind).
         keep_ended: Ended actions (succeeded or canceled) kept: the newest this many by submit order.
     """
 
     def __init__(
-        self, path: str | Path, policy: RetryPolicy = DEFAULT_RETRY, *, keep_ended: int = DEFAULT_KEEP_ENDED
+        self,
+        path: str | Path,
+        policy: RetryPolicy | RetryPolicies | None = None,
+        *,
+        keep_ended: int = DEFAULT_KEEP_ENDED,
     ) -> None:
         if keep_ended < 0:
             raise ValueError(f"keep_ended must be >= 0, got {keep_ended}")
         self.path = str(path)
-        self.policy = policy
+        self.policies = RetryPolicies.of(policy)
         self.keep_ended = keep_ended
         #: Ended actions deleted by :meth:`prune` so far (this process).
         self.pruned = 0
@@ -248,7 +252,7 @@ class ActionStore:
                     executor,
                     kinds=kinds,
                     labels=labels,
-                    policy=self.policy,
+                    policy=self.policies.for_kind(a.kind),
                     holder_gone=lambda _attempt: True,  # waiting actions hold no open attempt
                     others_fresh=lambda act: _others_fresh(act, executor, live),
                     now=now,
@@ -419,7 +423,9 @@ class ActionStore:
                 if ok:
                     lifecycle.succeed(a, result, now)
                 else:
-                    decision = lifecycle.fail(a, reason, self.policy, now, permanent=permanent)
+                    decision = lifecycle.fail(
+                        a, reason, self.policies.for_kind(a.kind), now, permanent=permanent
+                    )
                     retry_after_s = decision.retry_after_s
                     if decision.status is ActionStatus.RETRYING:
                         available = now + int(retry_after_s * 1e9)
@@ -487,7 +493,7 @@ class ActionStore:
                 holder = held.session if held is not None else ""
                 if (session and holder != session) or (keep_session is not None and holder == keep_session):
                     continue  # another process of that name holds it
-                decision = lifecycle.lose(a, self.policy, now)
+                decision = lifecycle.lose(a, self.policies.for_kind(a.kind), now)
                 available = now + int(decision.retry_after_s * 1e9) if decision.retry_after_s else None
                 self.table.save(a, available_ns=available)
                 out.append(a)

@@ -15,12 +15,10 @@ from pathlib import Path
 from typing import Any
 
 from embodied_bus.actions import (
-    DEFAULT_RETRY,
     ActionError,
     Executor,
     Planner,
     QueueService,
-    RetryPolicy,
     SessionFailure,
 )
 from embodied_bus.actions.queue import EXECUTOR_GROUP, Backlog, executors_with
@@ -30,16 +28,20 @@ from embodied_bus.cli.common import (
     add_bus_args,
     add_credential_args,
     add_metrics_arg,
+    at_least_one,
+    at_least_zero,
     credentials,
     fmt_table,
     install_stop_signals,
 )
+from embodied_bus.cli.retry import add_retry_args, add_retry_policy_parser, policies_from_args
+from embodied_bus.engines.capabilities import membership
 from embodied_bus.engines.urls import parse_bus_url
 from embodied_bus.errors import BusConfigError
 from embodied_bus.security import Signer, Verifier, WatchedAllowList, load_private_key
 from embodied_bus.state import StateService
 
-__all__ = ["ActionsView", "add_parsers", "at_least_one", "load_handlers"]
+__all__ = ["ActionsView", "add_parsers", "load_handlers"]
 
 _log = logging.getLogger(__name__)
 
@@ -55,10 +57,10 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-a
         help="also host the namespace's state service (latest values, `embodied-bus state`) in this "
         "SQLite file (default: state.db beside --db; 'none': do not host it)",
     )
-    _add_retry_args(p)
+    add_retry_args(p)
     p.add_argument(
         "--keep-ended",
-        type=_at_least_zero,
+        type=at_least_zero,
         default=DEFAULT_KEEP_ENDED,
         metavar="N",
         help=f"ended actions (succeeded, canceled) kept for planners that look them up later: the "
@@ -100,10 +102,11 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-a
         "nonces-<namespace>.db under $XDG_STATE_HOME/embodied_bus or ~/.local/state/embodied_bus)",
     )
     add_credential_args(p)
-    _add_retry_args(p, "Pulsar: ")
     _add_connect_timeout(p, "the broker or the queue service", None)
     add_metrics_arg(p)  # completed / failed / running actions of this executor
     p.set_defaults(func=run_executor)
+
+    add_retry_policy_parser(sub)
 
     p = sub.add_parser("send", help="submit an action and optionally wait for its result")
     p.add_argument("kind")
@@ -163,30 +166,6 @@ def _nonce_db(args: argparse.Namespace, namespace: str) -> Path:
     return folder / f"nonces-{namespace}.db"
 
 
-def _add_retry_args(p: argparse.ArgumentParser, where: str = "") -> None:
-    p.add_argument(
-        "--max-attempts",
-        type=at_least_one,
-        default=DEFAULT_RETRY.max_attempts,
-        help=f"{where}tries before dead-lettering (default {DEFAULT_RETRY.max_attempts})",
-    )
-    p.add_argument(
-        "--backoff",
-        type=float,
-        default=DEFAULT_RETRY.initial_backoff_s,
-        help=f"{where}delay after the first failure, seconds (doubles per failure, with jitter)",
-    )
-
-
-def _policy(args: argparse.Namespace) -> RetryPolicy:
-    return RetryPolicy(
-        max_attempts=args.max_attempts,
-        initial_backoff_s=args.backoff,
-        max_backoff_s=max(args.backoff, DEFAULT_RETRY.max_backoff_s),
-        jitter=DEFAULT_RETRY.jitter if args.backoff else 0.0,
-    )
-
-
 def _add_connect_timeout(p: argparse.ArgumentParser, what: str, default: float | None) -> None:
     shown = "wait until it answers" if default is None else f"default {default:g} s"
     p.add_argument(
@@ -232,7 +211,7 @@ async def run_queue(args: argparse.Namespace) -> int:
         ready = asyncio.Event()
         sealer, trust = credentials(args)
         service = QueueService(
-            bus, args.db, _policy(args), keep_ended=args.keep_ended, sealer=sealer, trust=trust
+            bus, args.db, policies_from_args(args), keep_ended=args.keep_ended, sealer=sealer, trust=trust
         )
         task = asyncio.create_task(service.run(stop, ready))
         await ready.wait()
@@ -269,27 +248,6 @@ async def _serve_state(bus: Bus, args: argparse.Namespace, stop: asyncio.Event) 
     return task
 
 
-def _at_least(low: int, text: str) -> int:
-    """An integer >= ``low``, or an argparse error naming what was wrong."""
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"not a whole number: {text!r}") from None
-    if value < low:
-        raise argparse.ArgumentTypeError(f"must be at least {low}, got {value}")
-    return value
-
-
-def _at_least_zero(text: str) -> int:
-    """An argparse type: an integer >= 0."""
-    return _at_least(0, text)
-
-
-def at_least_one(text: str) -> int:
-    """An argparse type: an integer >= 1."""
-    return _at_least(1, text)
-
-
 async def run_executor(args: argparse.Namespace) -> int:
     handlers = load_handlers(args.handlers)
     labels = dict(item.split("=", 1) for item in args.label if "=" in item)
@@ -317,7 +275,6 @@ async def run_executor(args: argparse.Namespace) -> int:
             prefetch=args.prefetch,
             labels=labels,
             verifier=verifier,
-            policy=_policy(args),
             connect_timeout_s=args.connect_timeout,
             sealer=sealer,
             trust=trust,
@@ -409,7 +366,7 @@ async def _warn_without_executor(bus: Bus, kind: str) -> None:
         else:
             live.pop(member, None)
 
-    group = await bus.engine.watch_group(EXECUTOR_GROUP, changed)
+    group = await membership(bus.engine, "watching the executors").watch_group(EXECUTOR_GROUP, changed)
     try:
         await asyncio.sleep(EXECUTOR_GRACE_S)
         if not executors_with(live, kind):

@@ -29,6 +29,8 @@ __all__ = [
     "add_clock_arg",
     "add_credential_args",
     "add_metrics_arg",
+    "at_least_one",
+    "at_least_zero",
     "bucket_clock",
     "credentials",
     "fmt_table",
@@ -182,3 +184,24 @@ def bucket_clock(spec: str | None, *, config: str | None = None) -> BucketClock:
         if path == spec:
             return load_spec(path).clock
     return BucketClock()
+
+
+def _at_least(low: int, text: str) -> int:
+    """An integer >= ``low``, or an argparse error naming what was wrong."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a whole number: {text!r}") from None
+    if value < low:
+        raise argparse.ArgumentTypeError(f"must be at least {low}, got {value}")
+    return value
+
+
+def at_least_one(text: str) -> int:
+    """An argparse type: an integer >= 1."""
+    return _at_least(1, text)
+
+
+def at_least_zero(text: str) -> int:
+    """An argparse type: an integer >= 0."""
+    return _at_least(0, text)

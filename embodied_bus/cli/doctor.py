@@ -25,6 +25,7 @@ from embodied_bus.actions.queue import EXECUTOR_GROUP, Backlog, executors_with, 
 from embodied_bus.bus import Bus, open_bus
 from embodied_bus.cli.actions import ActionsView
 from embodied_bus.cli.common import add_bus_args, fmt_table, queue_backlog
+from embodied_bus.engines.capabilities import membership
 from embodied_bus.engines.urls import ZenohSettings
 from embodied_bus.errors import EmbodiedBusError
 from embodied_bus.loop import LOOP_ENV, loop_runner
@@ -262,7 +263,7 @@ def _kinds(value: str) -> list[str]:
 
 async def _actions(bus: Bus, timeout_s: float) -> tuple[dict[str, str], Backlog | None]:
     """The executor group's live members and (Zenoh) the queue service's backlog."""
-    group = await bus.engine.watch_group(EXECUTOR_GROUP, lambda *_: None)
+    group = await membership(bus.engine, "listing the executors").watch_group(EXECUTOR_GROUP, lambda *_: None)
     try:
         backlog = await queue_backlog(bus, min(timeout_s, 1.0))
         await asyncio.sleep(EXECUTORS_SETTLE_S)

@@ -1,6 +1,7 @@
-"""Engines: Zenoh and Apache Pulsar behind one small interface, chosen from a URL."""
+"""Engines: Zenoh and Apache Pulsar behind one small interface, chosen by a URL's scheme."""
 
 from embodied_bus.engines.base import Engine, EnginePublisher, EngineSubscriber, MessageSink
+from embodied_bus.engines.registry import open_engine, register_engine
 from embodied_bus.engines.urls import (
     DEFAULT_URL,
     PulsarSettings,
@@ -18,15 +19,5 @@ __all__ = [
     "ZenohSettings",
     "open_engine",
     "parse_bus_url",
+    "register_engine",
 ]
-
-
-async def open_engine(settings: ZenohSettings | PulsarSettings) -> Engine:
-    """Open the engine the settings describe (imports only that engine's client)."""
-    if isinstance(settings, ZenohSettings):
-        from embodied_bus.engines.zenoh import ZenohEngine
-
-        return await ZenohEngine.open(settings)
-    from embodied_bus.engines.pulsar import PulsarEngine
-
-    return await PulsarEngine.open(settings)

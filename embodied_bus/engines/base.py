@@ -10,7 +10,7 @@ from __future__ import annotations
 import abc
 import itertools
 from collections.abc import Callable, Sequence
-from typing import Any, Protocol
+from typing import Protocol
 
 from embodied_bus.errors import HeaderError
 from embodied_bus.model.batches import HeaderRun
@@ -266,7 +266,8 @@ MembershipCallback = Callable[[str, str, bool], None]
 
 
 class Engine(abc.ABC):
-    """A connected engine session."""
+    """A connected engine session: streams. What an engine offers beyond streams it declares
+    by inheriting the capabilities of :mod:`embodied_bus.engines.capabilities`."""
 
     #: Short engine name (``zenoh`` / ``pulsar``).
     name: str = ""
@@ -296,48 +297,6 @@ class Engine(abc.ABC):
         """
         del stream, since_ns, timeout_s
         return []
-
-    async def watch_group(self, group: str, on_change: MembershipCallback) -> GroupMembership:
-        """Watch a group whose members see each other's liveness (Zenoh liveliness tokens);
-        call :meth:`GroupMembership.announce` to join it. A member that crashes leaves the
-        group when its session is lost.
-
-        Raises:
-            NotImplementedError: The engine has no liveliness (Pulsar: use Key_Shared instead).
-        """
-        raise NotImplementedError(f"the {self.name} engine has no group membership")
-
-    def serve(self, name: str, handler: Callable[[bytes], bytes]) -> Any:
-        """Answer requests on ``name`` with ``handler`` (called from engine threads); returns a
-        handle with ``undeclare()``.
-
-        Raises:
-            NotImplementedError: The engine has no request/reply (Pulsar).
-        """
-        raise NotImplementedError(f"the {self.name} engine has no request/reply")
-
-    async def request(
-        self, name: str, payload: bytes, timeout_s: float, accept: Callable[[bytes], bool] | None = None
-    ) -> bytes | None:
-        """Ask the service ``name``; None if nobody answered within ``timeout_s`` seconds.
-
-        ``accept`` (e.g. a seal check) makes the request go to every server of ``name`` and
-        returns the first answer it accepts: a stand-in that answers first, or instead of the
-        real server, does not keep the request from it."""
-        raise NotImplementedError(f"the {self.name} engine has no request/reply")
-
-    def notify(self, topic: str, payload: bytes, *, block: bool = False) -> None:
-        """Fire-and-forget message on a lightweight topic (no header, no sequence).
-
-        Args:
-            block: Wait for room when the transport is congested instead of dropping.
-        """
-        raise NotImplementedError(f"the {self.name} engine has no lightweight topics")
-
-    def listen(self, topic: str, callback: Callable[[str, bytes], None]) -> Any:
-        """Receive ``notify`` messages (``topic`` may end in ``/**``); returns a handle with
-        ``undeclare()``; the callback gets (topic, payload) on an engine thread."""
-        raise NotImplementedError(f"the {self.name} engine has no lightweight topics")
 
     @abc.abstractmethod
     async def close(self) -> None:

@@ -119,6 +119,11 @@ class ZenohSettings:
     tls_key: str | None = None
     mtls: bool = False
 
+    @property
+    def scheme(self) -> str:
+        """The URL scheme, which picks the engine (see :mod:`embodied_bus.engines.registry`)."""
+        return "zenoh"
+
     def __post_init__(self) -> None:
         if (self.tls_cert is None) != (self.tls_key is None):
             raise BusConfigError("zenoh TLS: give tls_cert and tls_key together")
@@ -182,6 +187,11 @@ class PulsarSettings:
     connect_timeout_s: float = DEFAULT_CONNECT_TIMEOUT_S
     namespace: str = DEFAULT_NAMESPACE
     extra: dict[str, str] = field(default_factory=dict)
+
+    @property
+    def scheme(self) -> str:
+        """The URL scheme (``pulsar`` or ``pulsar+ssl``), which picks the engine."""
+        return self.service_url.split("://", 1)[0].lower()
 
     def __post_init__(self) -> None:
         validate_namespace(self.namespace)

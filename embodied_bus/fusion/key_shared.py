@@ -19,18 +19,15 @@ import asyncio
 import logging
 import time
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from embodied_bus.errors import BusConnectionError
 from embodied_bus.fusion.frame import MultiModalFrame
 from embodied_bus.fusion.ownership import bucket_slot, in_ranges, slot_ranges
-from embodied_bus.fusion.scale_out import Grouped
+from embodied_bus.fusion.scale_out import Grouped, WorkerPort
 from embodied_bus.model.qos import Backpressure, SubscriptionOptions
 from embodied_bus.model.sample import Sample
 from embodied_bus.streams.subscriber import Subscription
-
-if TYPE_CHECKING:
-    from embodied_bus.fusion.worker import FusionWorker
 
 __all__ = [
     "CLOSE_TIMEOUT_S",
@@ -62,7 +59,7 @@ class KeyShared(Grouped):
     """Publish the frames of this worker's Key_Shared slots; re-deal them when the group
     changes."""
 
-    def __init__(self, worker: FusionWorker, worker_id: str | None) -> None:
+    def __init__(self, worker: WorkerPort, worker_id: str | None) -> None:
         super().__init__(worker, worker_id)
         #: Reference samples dealt here whose frames are not out yet, by reference stamp.
         self.unacked: dict[int, list[Sample]] = {}

@@ -28,6 +28,7 @@ from collections.abc import Mapping
 
 from embodied_bus.bus import Bus
 from embodied_bus.engines.base import GroupMembership
+from embodied_bus.engines.capabilities import membership
 
 __all__ = [
     "COLD_START",
@@ -163,7 +164,9 @@ class OwnershipRing:
     async def watch(self, settle_s: float = 0.3) -> list[str]:
         """Start watching the group; return the members seen after ``settle_s`` seconds."""
         if self._handle is None:
-            self._handle = await self.bus.engine.watch_group(self.group, self._on_change)
+            self._handle = await membership(
+                self.bus.engine, "an ownership ring of fusion workers"
+            ).watch_group(self.group, self._on_change)
         await asyncio.sleep(settle_s)
         return [m for m in self._members if m != self.worker_id]
 
@@ -208,7 +211,9 @@ class OwnershipRing:
                 until :meth:`close`, e.g. to see whether anyone is left to take over.
         """
         if keep_watching and self._watch is None:
-            self._watch = await self.bus.engine.watch_group(self.group, self._on_change)
+            self._watch = await membership(
+                self.bus.engine, "an ownership ring of fusion workers"
+            ).watch_group(self.group, self._on_change)
         if self._handle is not None:
             await self._handle.leave()
         self._handle = None

@@ -17,16 +17,17 @@ import logging
 import time
 from collections import OrderedDict
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
+from embodied_bus.bus import Bus
+from embodied_bus.fusion.assembler import Assembler, Event
 from embodied_bus.fusion.frame import MultiModalFrame
+from embodied_bus.fusion.inputs import AlignedInputs
 from embodied_bus.fusion.ownership import OwnershipRing, rendezvous_owner
-from embodied_bus.fusion.spec import SpecError
+from embodied_bus.fusion.spec import FusionSpec, SpecError
+from embodied_bus.model.qos import SubscriptionOptions
 from embodied_bus.model.sample import Sample
 from embodied_bus.streams.subscriber import Subscription
-
-if TYPE_CHECKING:
-    from embodied_bus.fusion.worker import FusionWorker
 
 __all__ = [
     "COLD_SETTLE_S",
@@ -41,6 +42,7 @@ __all__ = [
     "ScaleOut",
     "ScaleOutMode",
     "Single",
+    "WorkerPort",
 ]
 
 _log = logging.getLogger("embodied_bus.fusion")
@@ -61,6 +63,60 @@ RECENT_FRAMES = 4096
 #: Frames another worker publishes are held at most this long (wall clock) in case it dies,
 #: seconds.
 HELD_FRAMES_S = 30.0
+
+
+class WorkerPort(Protocol):
+    """The part of a :class:`~embodied_bus.fusion.worker.FusionWorker` a scale-out mode uses."""
+
+    @property
+    def bus(self) -> Bus:
+        """The bus the worker reads and publishes on."""
+        ...
+
+    @property
+    def spec(self) -> FusionSpec:
+        """The fusion spec."""
+        ...
+
+    @property
+    def frames_stream(self) -> str:
+        """Where the frames go."""
+        ...
+
+    @property
+    def subscription_options(self) -> SubscriptionOptions:
+        """Options of the worker's lossless subscriptions."""
+        ...
+
+    @property
+    def assembler(self) -> Assembler:
+        """The worker's assembler (touched only while holding :attr:`handling`)."""
+        ...
+
+    @property
+    def handling(self) -> asyncio.Lock:
+        """Held while samples are handed to the assembler or frames taken from it."""
+        ...
+
+    async def publish_frame(self, frame: MultiModalFrame) -> None:
+        """Publish one frame."""
+        ...
+
+    async def flush_frames(self) -> None:
+        """Wait until the frames published so far are out."""
+        ...
+
+    async def open_inputs(self, streams: tuple[str, ...]) -> AlignedInputs:
+        """One lossless subscription per input stream, taken in stamp order across them."""
+        ...
+
+    async def pump(self, inputs: AlignedInputs) -> None:
+        """Feed every input sample to the assembler."""
+        ...
+
+    async def handle(self, events: list[Event]) -> None:
+        """Publish what the assembler emitted, as the scale-out mode says."""
+        ...
 
 
 class ScaleOutMode(str, enum.Enum):
@@ -151,7 +207,7 @@ class ScaleOut:
     #: Whether :meth:`after_push` does anything (it is not called otherwise).
     needs_after_push = False
 
-    def __init__(self, worker: FusionWorker) -> None:
+    def __init__(self, worker: WorkerPort) -> None:
         self.worker = worker
 
     async def start(self, inputs: tuple[str, ...], stop: asyncio.Event) -> list[asyncio.Task[None]]:
@@ -206,7 +262,7 @@ class Grouped(ScaleOut):
     """A worker in a group: a membership, the frames stream tracked so that no frame is
     published twice, and the frames others publish held for when one of them dies."""
 
-    def __init__(self, worker: FusionWorker, worker_id: str | None) -> None:
+    def __init__(self, worker: WorkerPort, worker_id: str | None) -> None:
         super().__init__(worker)
         self.worker_id = worker_id
         #: Frames (reference stamps) some worker of the group published (recent, bounded).
@@ -289,7 +345,7 @@ class Ring(Grouped):
 
     needs_after_push = True
 
-    def __init__(self, worker: FusionWorker, worker_id: str | None, join_margin_buckets: int) -> None:
+    def __init__(self, worker: WorkerPort, worker_id: str | None, join_margin_buckets: int) -> None:
         super().__init__(worker, worker_id)
         self.margin = join_margin_buckets
         self._joining = False

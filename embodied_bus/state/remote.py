@@ -14,6 +14,7 @@ import logging
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
+from embodied_bus.engines.capabilities import notifications, request_reply
 from embodied_bus.errors import BusConnectionError, EmbodiedBusError
 from embodied_bus.state.codec import (
     OP_PUT,
@@ -53,7 +54,9 @@ class ServiceState:
 
     async def _ask(self, op: int, body: bytes) -> tuple[int, bytes, int]:
         payload = encode_request(op, self.table, body)
-        answer = await self.bus.engine.request(SERVICE, payload, self.options.request_timeout_s)
+        answer = await request_reply(self.bus.engine, "a state table served by a state service").request(
+            SERVICE, payload, self.options.request_timeout_s
+        )
         if answer is None:
             raise BusConnectionError(
                 f"no state service answered on {self.bus.url} (namespace {self.bus.namespace!r}) within "
@@ -70,7 +73,9 @@ class ServiceState:
         def on_change(_topic: str, payload: bytes) -> None:
             loop.call_soon_threadsafe(self._changed, payload)
 
-        self._listener = self.bus.engine.listen(change_topic(self.table), on_change)
+        self._listener = notifications(self.bus.engine, "a state table served by a state service").listen(
+            change_topic(self.table), on_change
+        )
         revision, answer, offset = await self._ask(OP_SINCE, (0).to_bytes(8, "little"))
         self._revision = max(self._revision, revision)
         self._resync = asyncio.create_task(self._resync_loop(), name=f"eb-state-resync-{self.table}")

@@ -15,6 +15,7 @@ import threading
 from pathlib import Path
 
 from embodied_bus.bus import Bus
+from embodied_bus.engines.capabilities import notifications, request_reply
 from embodied_bus.errors import EmbodiedBusError
 from embodied_bus.state.codec import (
     OP_PUT,
@@ -83,14 +84,14 @@ class StateService:
     def _send_changes(self) -> None:
         while (item := self._changes.get()) is not None:
             try:
-                self.bus.engine.notify(*item, block=True)
+                notifications(self.bus.engine, "the state service").notify(*item, block=True)
             except EmbodiedBusError as err:  # closing: readers catch up from the store
                 _log.debug("%s not sent: %s", item[0], err)
 
     async def run(self, stop: asyncio.Event, ready: asyncio.Event | None = None) -> None:
         """Serve until ``stop``."""
         self._sender.start()
-        handle = self.bus.engine.serve(SERVICE, self.handle)
+        handle = request_reply(self.bus.engine, "the state service").serve(SERVICE, self.handle)
         if ready is not None:
             ready.set()
         try:

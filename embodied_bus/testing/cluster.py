@@ -27,8 +27,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from embodied_bus.testing.distribution import (
+    LOW_LATENCY_CONF,
+    ensure_pulsar_distribution,
+    hs256_token,
+    write_conf,
+)
 from embodied_bus.testing.ports import free_ports
-from embodied_bus.testing.pulsar import LOW_LATENCY_CONF, ensure_pulsar_distribution, hs256_token, write_conf
 from embodied_bus.testing.reaper import watch_group
 
 __all__ = ["SESSION_TIMEOUT_MS", "Member", "PulsarCluster"]

@@ -23,23 +23,15 @@ import pulsar
 from embodied_bus.actions import lifecycle
 from embodied_bus.actions.model import Action, ActionError, ActionStatus, encode_action
 from embodied_bus.actions.policy import RetryPolicy
+from embodied_bus.actions.pulsar.connection import QueueConnection
 from embodied_bus.actions.pulsar.records import Event, parse_records, parse_snapshot
 from embodied_bus.actions.pulsar.sending import (
-    Producers,
-    Replies,
-    deliver_after,
-    send,
     send_runs,
     unavailable,
 )
 from embodied_bus.actions.pulsar.sessions import advance
-from embodied_bus.actions.pulsar.statelog import StateLog
 from embodied_bus.actions.pulsar.topics import (
     DLQ_SUBSCRIPTION,
-    EXECUTOR_SUBSCRIPTION,
-    PRIORITY_LEVELS,
-    STATE_KEEPER,
-    ActionTopics,
 )
 from embodied_bus.actions.pulsar.worker import PulsarWorker
 from embodied_bus.actions.queue import ActionQueue, Backlog, ExecutorSpec, QueueOptions, Submitted, WorkerLink
@@ -64,7 +56,7 @@ def open_pulsar_queue(bus: Any, options: QueueOptions) -> ActionQueue:
             "each planner and executor its own broker credentials (token=...) and grant their roles "
             "per topic"
         )
-    return PulsarQueue(bus.engine, options.policy)
+    return PulsarQueue(bus.engine)
 
 
 class PulsarQueue(ActionQueue):
@@ -72,23 +64,21 @@ class PulsarQueue(ActionQueue):
 
     Args:
         engine: An open Pulsar engine.
-        policy: Retry policy (backoff, attempt limit), applied by executors.
+
+    Retry policies are records in the state log (:meth:`set_policy`): every executor of the
+    queue applies the same one to a kind.
     """
 
-    def __init__(self, engine: PulsarEngine, policy: RetryPolicy) -> None:
+    def __init__(self, engine: PulsarEngine) -> None:
+        #: What this planner side and the executors' links share.
+        self.conn = QueueConnection(engine)
         self.engine = engine
-        self.policy = policy
-        self.topics = ActionTopics.of(engine.settings)
-        self.state = StateLog.acquire(engine, self.topics)
-        self.replies = Replies.acquire(engine)
-        self.producers = Producers(engine, block_if_queue_full=True)
+        self.topics = self.conn.topics
+        self.state = self.conn.state
+        self.producers = self.conn.producers
         #: This planner's reply topic is ``topics.reply(name)``.
         self.name = uuid.uuid4().hex[:12]
-        self._started = False
         self._closed = False
-        self._start_lock = asyncio.Lock()
-        self._kind_lock = asyncio.Lock()
-        self._kinds_ready: set[str] = set()
         self._reply_consumer: Any = None
         self._reply_thread: threading.Thread | None = None
         self._stop = threading.Event()
@@ -98,46 +88,11 @@ class PulsarQueue(ActionQueue):
     # ------------------------------------------------------------------ set-up
     async def start(self) -> None:
         """Create the durable subscriptions and open the state log (idempotent)."""
-        if self._started:
-            return
-        async with self._start_lock:
-            if not self._started:
-                await self._subscribe_all(
-                    [(self.topics.state, STATE_KEEPER), (self.topics.dlq, DLQ_SUBSCRIPTION)]
-                )
-                await self.state.open()
-                self._started = True
+        await self.conn.start()
 
     async def ensure_kind(self, kind: str) -> None:
-        """The executors' subscriptions on a kind's priority topics, before its first message
-        (Pulsar keeps messages only for existing subscriptions)."""
-        if kind in self._kinds_ready:
-            return
-        async with self._kind_lock:
-            if kind not in self._kinds_ready:
-                await self._subscribe_all(
-                    [(self.topics.queue(p, kind), EXECUTOR_SUBSCRIPTION) for p in PRIORITY_LEVELS]
-                )
-                self._kinds_ready.add(kind)
-
-    async def _subscribe_all(self, wanted: list[tuple[str, str]]) -> None:
-        def create() -> None:
-            for topic, sub in wanted:
-                # a zero queue: the broker dispatches nothing to this consumer (one that took a
-                # message and closed would send it back to be redelivered out of turn)
-                c = self.engine.client.subscribe(
-                    topic,
-                    sub,
-                    consumer_type=pulsar.ConsumerType.Shared,
-                    initial_position=pulsar.InitialPosition.Earliest,
-                    receiver_queue_size=0,
-                )
-                c.close()
-
-        try:
-            await asyncio.to_thread(create)
-        except pulsar.PulsarException as err:
-            raise unavailable("creating the queue subscriptions", err) from err
+        """The executors' subscriptions on a kind's priority topics."""
+        await self.conn.ensure_kind(kind)
 
     async def close(self) -> None:
         if self._closed:
@@ -148,9 +103,7 @@ class PulsarQueue(ActionQueue):
             await asyncio.to_thread(self._reply_thread.join, 2.0)
         if self._reply_consumer is not None:
             await close_handle(self._reply_consumer, self.engine)
-        await self.producers.close()
-        await self.replies.release()
-        await self.state.release()
+        await self.conn.close()
 
     # ------------------------------------------------------------------ planner side
     async def submit(self, actions: Sequence[Action]) -> list[Submitted]:
@@ -196,7 +149,7 @@ class PulsarQueue(ActionQueue):
         if sessions:
             await self.state.read_back(logged)
             # together: their messages and records are sent pipelined, not one round trip each
-            await asyncio.gather(*(advance(self, session, reply_to) for session in sessions))
+            await asyncio.gather(*(advance(self.conn, session, reply_to) for session in sessions))
         return out
 
     def _known(self, a: Action, fresh: list[Action]) -> Submitted | None:
@@ -212,18 +165,12 @@ class PulsarQueue(ActionQueue):
         first = self.state.get(first_id)
         return Submitted(first_id, True, first.status if first else ActionStatus.QUEUED)
 
+    async def set_policy(self, policy: RetryPolicy, kind: str | None = None) -> None:
+        await self.conn.set_policy(policy, kind)
+
     async def enqueue(self, a: Action, reply_to: str, deliver_after_s: float = 0.0) -> None:
         """Put ``a`` on its priority topic (a retry after ``deliver_after_s``, a requeue)."""
-        await self.ensure_kind(a.kind)
-        producer = await self.producers.get(self.topics.queue(a.priority, a.kind))
-        props = {"eb-attempts": str(a.attempt_count), "eb-reply-to": reply_to, "eb-kind": a.kind}
-        kwargs: dict[str, Any] = {"partition_key": a.id, "properties": props}
-        if deliver_after_s > 0:
-            # the broker delays by whole ticks (delayedDeliveryTickTimeMillis, 1 s by default) and
-            # delivers shorter delays at once; the executor waits out the rest (eb-not-before-ns)
-            kwargs["deliver_after"] = deliver_after(deliver_after_s)
-            props["eb-not-before-ns"] = str(time.time_ns() + int(deliver_after_s * 1e9))
-        await send(producer, encode_action(a), **kwargs)
+        await self.conn.enqueue(a, reply_to, deliver_after_s)
 
     async def get(self, action_id: str) -> Action | None:
         await self.start()
@@ -251,7 +198,7 @@ class PulsarQueue(ActionQueue):
                 self._on_result(a.copy())
             if a.session is not None:  # skipped: its session goes on
                 await self.state.read_back(logged)
-                await advance(self, a.session, self.topics.reply(self.name))
+                await advance(self.conn, a.session, self.topics.reply(self.name))
         return a
 
     async def _dead(self) -> list[Action]:
@@ -285,7 +232,7 @@ class PulsarQueue(ActionQueue):
         await asyncio.to_thread(self._ack_dead_letters, set(ids))
         await self.state.sync()
         for session in {a.session for a in dead if a.session is not None}:  # held ones go on
-            await advance(self, session, self.topics.reply(self.name))
+            await advance(self.conn, session, self.topics.reply(self.name))
         return len(ids)
 
     def _ack_dead_letters(self, ids: set[str]) -> None:
@@ -414,4 +361,4 @@ class PulsarQueue(ActionQueue):
 
     # ------------------------------------------------------------------ executors
     def worker(self, spec: ExecutorSpec) -> WorkerLink:
-        return PulsarWorker(self, spec)
+        return PulsarWorker(self.conn, spec)

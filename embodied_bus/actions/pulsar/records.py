@@ -9,6 +9,7 @@ import logging
 import msgspec
 
 from embodied_bus.actions.model import Action, ActionError
+from embodied_bus.actions.policy import RetryPolicy
 
 __all__ = [
     "STATE_BATCH_MAX_BYTES",
@@ -16,6 +17,8 @@ __all__ = [
     "Event",
     "Record",
     "chunks",
+    "decode_policy",
+    "encode_policy",
     "encode_record",
     "parse_records",
     "parse_snapshot",
@@ -53,6 +56,9 @@ class Event(str, enum.Enum):
     RESULT = "result"
     #: ``d``: feedback JSON (reply topics).
     FEEDBACK = "fb"
+    #: ``d``: the retry policy of action kind ``k`` ("" for kinds without their own), every
+    #: field of :class:`~embodied_bus.actions.policy.RetryPolicy`.
+    POLICY = "policy"
 
 
 def encode_record(key: str, event: Event, data: bytes) -> bytes:
@@ -111,6 +117,26 @@ def parse_snapshot(raw: msgspec.Raw | bytes) -> Action:
         raise ActionError(f"action envelope is malformed: {err}") from err
     except (msgspec.DecodeError, RecursionError) as err:
         raise ActionError(f"action envelope is not valid JSON: {err!r}") from err
+
+
+_POLICY = msgspec.json.Decoder(RetryPolicy)
+
+
+def encode_policy(policy: RetryPolicy) -> bytes:
+    """The data of a policy record."""
+    return msgspec.json.encode(policy)
+
+
+def decode_policy(raw: msgspec.Raw | bytes) -> RetryPolicy:
+    """The policy of a policy record.
+
+    Raises:
+        ActionError: It is not a valid retry policy.
+    """
+    try:
+        return _POLICY.decode(raw)
+    except (msgspec.ValidationError, msgspec.DecodeError, ValueError) as err:
+        raise ActionError(f"retry policy record is malformed: {err}") from err
 
 
 def chunks(records: list[bytes]) -> list[list[bytes]]:

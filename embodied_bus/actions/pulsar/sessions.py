@@ -25,7 +25,7 @@ from embodied_bus.actions.pulsar.records import Event
 from embodied_bus.actions.queue import QueueUnavailable
 
 if TYPE_CHECKING:
-    from embodied_bus.actions.pulsar.queue import PulsarQueue
+    from embodied_bus.actions.pulsar.connection import QueueConnection
     from embodied_bus.actions.pulsar.statelog import StateLog
 
 __all__ = ["STRANDED_S", "StrandedSteps", "advance", "advance_after", "waits_in_session"]
@@ -36,7 +36,7 @@ STRANDED_S = 3.0
 _WAITING = (ActionStatus.QUEUED, ActionStatus.RETRYING)
 
 
-async def advance(q: PulsarQueue, session: str, reply_to: str, *, died: Action | None = None) -> None:
+async def advance(q: QueueConnection, session: str, reply_to: str, *, died: Action | None = None) -> None:
     """Apply the session's rules to what the view shows now (the caller has read the log up to
     its own last record of the session): ``died``, a step just dead-lettered, cancels the
     waiting steps after it (``on_failure=cancel``); the next step is released."""
@@ -67,7 +67,7 @@ async def advance(q: PulsarQueue, session: str, reply_to: str, *, died: Action |
         await q.state.enqueue(records)
 
 
-async def advance_after(q: PulsarQueue, logged: Any, sessions: dict[str, str]) -> None:
+async def advance_after(q: QueueConnection, logged: Any, sessions: dict[str, str]) -> None:
     """Advance ``sessions`` (session -> a reply topic) once the log is read up to ``logged``
     (the message of the steps that ended); a session this process cannot advance now is
     released by an executor's sweep."""
@@ -100,7 +100,7 @@ class StrandedSteps:
         self._seen: dict[str, float] = {}  # session -> when its next step was seen unreleased
         self._next_check = 0.0
 
-    async def check(self, q: PulsarQueue) -> None:
+    async def check(self, q: QueueConnection) -> None:
         now = time.monotonic()
         if now < self._next_check:
             return

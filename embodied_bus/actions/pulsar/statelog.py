@@ -33,7 +33,15 @@ import pulsar
 
 from embodied_bus.actions import lifecycle
 from embodied_bus.actions.model import Action, ActionError, ActionStatus, encode_action
-from embodied_bus.actions.pulsar.records import Event, chunks, encode_record, parse_records, parse_snapshot
+from embodied_bus.actions.policy import RetryPolicies
+from embodied_bus.actions.pulsar.records import (
+    Event,
+    chunks,
+    decode_policy,
+    encode_record,
+    parse_records,
+    parse_snapshot,
+)
 from embodied_bus.actions.pulsar.sending import LoopInbox, send_settling, unavailable
 from embodied_bus.actions.pulsar.topics import STATE_KEEPER, ActionTopics
 from embodied_bus.engines.pulsar import PulsarEngine, close_handle
@@ -113,6 +121,8 @@ class StateLog:
         self.routes: dict[str, str] = {}
         self._ended: deque[str] = deque()
         self.idem: dict[str, str] = {}
+        #: The queue's retry policies (:attr:`Event.POLICY` records; the default until one).
+        self.policies = RetryPolicies()
         self._lock = threading.Lock()
         self._reader: Any = None
         self._producer: Any = None
@@ -216,6 +226,9 @@ class StateLog:
                 loop, fut = waiter
                 with contextlib.suppress(RuntimeError):  # the loop is closed: nobody waits
                     loop.call_soon_threadsafe(_resolve, fut)
+            return
+        if event == Event.POLICY:
+            self.policies = self.policies.with_policy(decode_policy(raw), aid or None)
             return
         new = parse_snapshot(raw) if event in (Event.SNAPSHOT, Event.REQUEUE) else None
         with self._lock:

@@ -59,7 +59,7 @@ from embodied_bus.engines.pulsar import close_handle
 from embodied_bus.engines.pulsar.native import receive_async
 
 if TYPE_CHECKING:
-    from embodied_bus.actions.pulsar.queue import PulsarQueue
+    from embodied_bus.actions.pulsar.connection import QueueConnection
 
 __all__ = [
     "MAX_HANDBACKS",
@@ -114,8 +114,8 @@ class _Holding:
 class PulsarWorker(WorkerLink):
     """One executor's consumers, leases and reports on Pulsar."""
 
-    def __init__(self, queue: PulsarQueue, spec: ExecutorSpec) -> None:
-        self.q = queue
+    def __init__(self, conn: QueueConnection, spec: ExecutorSpec) -> None:
+        self.conn = conn
         self.spec = spec
         self.prefetch = spec.prefetch or RECEIVER_QUEUE_SIZE
         self._consumers: dict[int, Any] = {}
@@ -143,14 +143,14 @@ class PulsarWorker(WorkerLink):
     async def open(self, on_wake: Callable[[], None], on_pushed: Callable[[list[Lease]], None]) -> None:
         self._on_wake, self._on_pushed = on_wake, on_pushed
         self._inbox = LoopInbox.of(asyncio.get_running_loop())
-        await self.q.start()
+        await self.conn.start()
         try:
-            self._group = await self.q.engine.watch_group(EXECUTOR_GROUP, lambda *_: None)
+            self._group = await self.conn.engine.watch_group(EXECUTOR_GROUP, lambda *_: None)
             await self._group.announce(self.spec.name, announcement(self.spec))
         except pulsar.PulsarException as err:
             raise unavailable("joining the executor group", err) from err
         for kind in self.spec.kinds:
-            await self.q.ensure_kind(kind)
+            await self.conn.ensure_kind(kind)
         await self._open_consumers()
         self._watcher = asyncio.ensure_future(self._watch_parked())
 
@@ -160,8 +160,8 @@ class PulsarWorker(WorkerLink):
             return
 
         def subscribe(priority: int) -> Any:
-            return self.q.engine.client.subscribe(
-                [self.q.topics.queue(priority, k) for k in kinds],
+            return self.conn.engine.client.subscribe(
+                [self.conn.topics.queue(priority, k) for k in kinds],
                 EXECUTOR_SUBSCRIPTION,
                 consumer_type=pulsar.ConsumerType.Shared,
                 receiver_queue_size=self.prefetch,
@@ -188,7 +188,7 @@ class PulsarWorker(WorkerLink):
 
         def got(result: Any, msg: Any) -> None:  # a client thread (or this one)
             if result != pulsar.Result.Ok:
-                if self._stop.is_set() or self.q.engine.closed:
+                if self._stop.is_set() or self.conn.engine.closed:
                     return
                 _log.warning("receive from priority %d failed: %s", priority, result)
                 if self._inbox is not None:
@@ -283,7 +283,7 @@ class PulsarWorker(WorkerLink):
 
     def _current(self, env: Action) -> Action:
         """The newest known state of an action: the view's, or the message's own if it is newer."""
-        with self.q.state.peek(env.id) as view:
+        with self.conn.state.peek(env.id) as view:
             if view is None or lifecycle.is_newer(env, view):
                 if view is not None and view.budget_from == env.budget_from:
                     env.cancel_requested = env.cancel_requested or view.cancel_requested
@@ -316,14 +316,16 @@ class PulsarWorker(WorkerLink):
         except ActionError as err:
             _log.warning("dead-lettered an unreadable queue message: %s", err)
             await send(
-                await self.q.producers.get(self.q.topics.dlq), msg.data(), properties={"eb-error": str(err)}
+                await self.conn.producers.get(self.conn.topics.dlq),
+                msg.data(),
+                properties={"eb-error": str(err)},
             )
             self._ack(d)
             return None
         age_s = time.time() - msg.publish_timestamp() / 1000
         if msg.redelivery_count() > 0 or age_s > SYNC_AFTER_S:
             # an earlier delivery may have started it: read the log up to this receipt first
-            await self.q.state.caught_up(d.received_mono)
+            await self.conn.state.caught_up(d.received_mono)
         held = self._held.get(env.id)
         if held is not None and lifecycle.version(env) <= held.claimed:
             held.extra.append(d)  # a duplicate of what this executor runs: settled with it
@@ -340,7 +342,7 @@ class PulsarWorker(WorkerLink):
     async def _decide(self, env: Action, d: _Delivery) -> Lease | None:
         msg = d.msg
         a = self._current(env)
-        if a.session is not None and not a.status.terminal and waits_in_session(self.q.state, a):
+        if a.session is not None and not a.status.terminal and waits_in_session(self.conn.state, a):
             self._nack(d)  # an earlier step of its session has not ended: it comes back later
             return None
         reply_to = msg.properties().get("eb-reply-to", "")
@@ -350,7 +352,7 @@ class PulsarWorker(WorkerLink):
             self.spec.name,
             kinds=self.spec.kinds,
             labels=self.spec.labels,
-            policy=self.q.policy,
+            policy=self.conn.policy_for(a.kind),
             holder_gone=self._holder_gone,
             others_fresh=self._others_fresh,
             now=now,
@@ -380,11 +382,11 @@ class PulsarWorker(WorkerLink):
             await asyncio.sleep(wait_s)
         attempt = lifecycle.start(a, self.spec.name, self.spec.session, time.time_ns())
         try:
-            await self.q.state.read_back(await self.q.state.publish(a))
+            await self.conn.state.read_back(await self.conn.state.publish(a))
         except BaseException:
             self._doubtful.add(a, reply_to)  # on the log maybe, and run by nobody
             raise
-        with self.q.state.peek(a.id) as view:
+        with self.conn.state.peek(a.id) as view:
             current = view.open_attempt if view is not None else None
             stood = (
                 current is not None
@@ -412,8 +414,8 @@ class PulsarWorker(WorkerLink):
                     _log.debug("parked %s: %s", action_id, err)
                     break
             try:
-                await self._stranded.check(self.q)
-                await self._doubtful.resolve(self.q, self._busy, self.settle)
+                await self._stranded.check(self.conn)
+                await self._doubtful.resolve(self.conn, self._busy, self.settle)
             except QueueUnavailable as err:
                 _log.debug("stranded steps or doubtful claims: %s", err)
 
@@ -421,7 +423,7 @@ class PulsarWorker(WorkerLink):
         return action_id in self._held or action_id in self._admitting
 
     async def _recheck(self, action_id: str, deliveries: list[_Delivery]) -> None:
-        view = self.q.state.get(action_id)
+        view = self.conn.state.get(action_id)
         if view is None:
             return
         if view.status.terminal:
@@ -456,7 +458,7 @@ class PulsarWorker(WorkerLink):
     def _taken_back(self, h: _Holding) -> bool:
         """Whether the log shows this executor's attempt closed by someone else, or passed."""
         n = h.action.attempts[-1].number
-        with self.q.state.peek(h.action.id) as view:
+        with self.conn.state.peek(h.action.id) as view:
             if view is None or view.budget_from != h.action.budget_from:
                 return view is not None
             if len(view.attempts) > n:
@@ -473,7 +475,7 @@ class PulsarWorker(WorkerLink):
             )
         # a lease is confirmed only against a view that holds everything written until now (one
         # that missed a takeover while this executor was cut off would confirm a lost lease)
-        await self.q.state.caught_up(time.monotonic())
+        await self.conn.state.caught_up(time.monotonic())
         canceled, lost = set(), set()
         for lease in leases:
             h = self._holding(lease.id, lease.attempt)
@@ -481,7 +483,7 @@ class PulsarWorker(WorkerLink):
                 continue  # its outcome was recorded while this renewal waited
             if h is None or self._taken_back(h):
                 lost.add(lease.id)
-            elif self.q.state.cancel_requested(lease.id):
+            elif self.conn.state.cancel_requested(lease.id):
                 canceled.add(lease.id)
         return Renewal(frozenset(canceled), frozenset(lost))
 
@@ -490,12 +492,12 @@ class PulsarWorker(WorkerLink):
         if h is None:
             raise ActionError(f"{self.spec.name} does not hold action {lease.id}")
         h.action.checkpoint = state
-        await self.q.state.publish(h.action)
+        await self.conn.state.publish(h.action)
 
     def feedback(self, lease: Lease, data: bytes) -> None:
         h = self._held.get(lease.id)
         if h is not None:
-            self.q.replies.add(h.reply_to, lease.id, Event.FEEDBACK, data)
+            self.conn.replies.add(h.reply_to, lease.id, Event.FEEDBACK, data)
 
     def connected(self) -> bool:
         return self._group is not None and self._group.healthy()
@@ -505,14 +507,14 @@ class PulsarWorker(WorkerLink):
         """A terminal state: dead-letter topic (if dead), state log, reply, then ack."""
         data = encode_action(a)
         if a.status is ActionStatus.DEAD:
-            dlq = await self.q.producers.get(self.q.topics.dlq)
+            dlq = await self.conn.producers.get(self.conn.topics.dlq)
             await send(dlq, data, partition_key=a.id, properties={"eb-attempts": str(a.attempt_count)})
-        logged = await self.q.state.publish(a, encoded=data)
-        self.q.replies.add(reply_to, a.id, Event.RESULT, data)
+        logged = await self.conn.state.publish(a, encoded=data)
+        self.conn.replies.add(reply_to, a.id, Event.RESULT, data)
         self._ack(*deliveries)
         if a.session is not None:  # its session's next step may go
-            await self.q.state.read_back(logged)
-            await advance(self.q, a.session, reply_to, died=a if a.status is ActionStatus.DEAD else None)
+            await self.conn.state.read_back(logged)
+            await advance(self.conn, a.session, reply_to, died=a if a.status is ActionStatus.DEAD else None)
 
     async def report(self, reports: Sequence[Report], *, take: int = 0) -> ReportReply:
         receipts: list[Receipt | None] = [None] * len(reports)
@@ -525,7 +527,7 @@ class PulsarWorker(WorkerLink):
                 receipts[i] = await self._late(r, h)
                 continue
             if r.ok:
-                h.action.cancel_requested = h.action.cancel_requested or self.q.state.cancel_requested(
+                h.action.cancel_requested = h.action.cancel_requested or self.conn.state.cancel_requested(
                     h.action.id
                 )
                 lifecycle.succeed(h.action, r.result, now)
@@ -533,17 +535,17 @@ class PulsarWorker(WorkerLink):
             else:
                 failures.append((i, r, h))
         if successes:  # their records go out together; each is acknowledged once persisted
-            logged = await self.q.state.enqueue(
+            logged = await self.conn.state.enqueue(
                 [(h.action.id, Event.SNAPSHOT, data) for _, h, data in successes]
             )
             for i, h, data in successes:
                 self._release(h)
-                self.q.replies.add(h.reply_to, h.action.id, Event.RESULT, data)
+                self.conn.replies.add(h.reply_to, h.action.id, Event.RESULT, data)
                 self._ack(h.delivery, *h.extra)
                 receipts[i] = Receipt(True, h.action.status)
             sessions = {h.action.session: h.reply_to for _, h, _ in successes if h.action.session is not None}
             if sessions:  # their sessions' next steps may go: released beside the reply, not before it
-                task = asyncio.ensure_future(advance_after(self.q, logged, sessions))
+                task = asyncio.ensure_future(advance_after(self.conn, logged, sessions))
                 self._tasks.add(task)
                 task.add_done_callback(self._tasks.discard)
         for i, r, h in failures:
@@ -563,20 +565,20 @@ class PulsarWorker(WorkerLink):
         if h is not None:
             self._release(h)
         data = msgspec.json.encode([r.attempt, r.ok, r.reason])
-        await self.q.state.enqueue([(r.action_id, Event.LATE, data)])
+        await self.conn.state.enqueue([(r.action_id, Event.LATE, data)])
         return Receipt(
             False, None, f"{self.spec.name} no longer holds action {r.action_id} (attempt {r.attempt})"
         )
 
     async def _fail(self, r: Report, h: _Holding, now: int) -> Receipt:
         a = h.action
-        a.cancel_requested = a.cancel_requested or self.q.state.cancel_requested(a.id)
-        decision = lifecycle.fail(a, r.reason, self.q.policy, now, permanent=r.permanent)
+        a.cancel_requested = a.cancel_requested or self.conn.state.cancel_requested(a.id)
+        decision = lifecycle.fail(a, r.reason, self.conn.policy_for(a.kind), now, permanent=r.permanent)
         try:
             if decision.status is ActionStatus.RETRYING:
                 # the retry message first: a retry on the log always has a message to run it
-                await self.q.enqueue(a, h.reply_to, decision.retry_after_s)
-                await self.q.state.publish(a)
+                await self.conn.enqueue(a, h.reply_to, decision.retry_after_s)
+                await self.conn.state.publish(a)
                 self._ack(h.delivery, *h.extra)
             else:
                 await self.settle(a, [h.delivery, *h.extra], h.reply_to)
@@ -590,7 +592,7 @@ class PulsarWorker(WorkerLink):
         if self._watcher is not None:
             self._watcher.cancel()
         for c in self._consumers.values():
-            await close_handle(c, self.q.engine)  # what it held goes back to the others
+            await close_handle(c, self.conn.engine)  # what it held goes back to the others
         self._consumers.clear()
         if self._group is not None:
             group, self._group = self._group, None

@@ -28,6 +28,7 @@ from embodied_bus.engines.base import (
     MessageSink,
 )
 from embodied_bus.engines.blocking import call_bounded
+from embodied_bus.engines.capabilities import Membership
 from embodied_bus.engines.pulsar.group import PulsarGroup
 from embodied_bus.engines.pulsar.handles import close_handle
 from embodied_bus.engines.pulsar.logs import native_logger
@@ -51,7 +52,7 @@ from embodied_bus.model.qos import Backpressure, PublisherOptions, SubscriptionO
 _logger = logging.getLogger("embodied_bus.pulsar")
 
 
-class PulsarEngine(Engine):
+class PulsarEngine(Engine, Membership):
     """A pulsar-client ``Client`` used as a bus engine."""
 
     name = "pulsar"

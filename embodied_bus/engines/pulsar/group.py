@@ -6,7 +6,7 @@ import asyncio
 import logging
 import threading
 import time
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import pulsar
 
@@ -14,13 +14,9 @@ from embodied_bus.engines.base import (
     GroupMembership,
     MembershipCallback,
 )
-from embodied_bus.engines.pulsar.handles import close_handle
+from embodied_bus.engines.pulsar.handles import PulsarConnection, close_handle
 from embodied_bus.engines.pulsar.topics import group_topic
 from embodied_bus.engines.pulsar.tuning import GROUP_EXPIRY_S, GROUP_HEARTBEAT_S
-
-if TYPE_CHECKING:
-    from embodied_bus.engines.pulsar.engine import PulsarEngine
-
 
 _logger = logging.getLogger("embodied_bus.pulsar")
 
@@ -35,7 +31,7 @@ class PulsarGroup(GroupMembership):
     """
 
     def __init__(
-        self, engine: PulsarEngine, group: str, on_change: MembershipCallback, consumer: Any
+        self, engine: PulsarConnection, group: str, on_change: MembershipCallback, consumer: Any
     ) -> None:
         self._engine = engine
         self._topic = group_topic(engine.settings, group)

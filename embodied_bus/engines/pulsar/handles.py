@@ -4,18 +4,34 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 import pulsar
 
 from embodied_bus.engines.blocking import call_bounded
 from embodied_bus.engines.pulsar.tuning import CLOSE_TIMEOUT_S
-
-if TYPE_CHECKING:
-    from embodied_bus.engines.pulsar.engine import PulsarEngine
-
+from embodied_bus.engines.urls import PulsarSettings
 
 _logger = logging.getLogger("embodied_bus.pulsar")
+
+
+class PulsarConnection(Protocol):
+    """What the engine's parts need of it: its settings, its client, and whether it closed."""
+
+    @property
+    def settings(self) -> PulsarSettings:
+        """Where and how the client connects."""
+        ...
+
+    @property
+    def client(self) -> pulsar.Client:
+        """The open Pulsar client."""
+        ...
+
+    @property
+    def closed(self) -> bool:
+        """Whether the engine (its client and every handle of it) is closed."""
+        ...
 
 
 def resolve_future(fut: asyncio.Future[None]) -> None:
@@ -23,7 +39,7 @@ def resolve_future(fut: asyncio.Future[None]) -> None:
         fut.set_result(None)
 
 
-async def close_handle(handle: Any, engine: PulsarEngine | None = None) -> None:
+async def close_handle(handle: Any, engine: PulsarConnection | None = None) -> None:
     """Close a Pulsar client, producer, consumer or reader, bounded by :data:`CLOSE_TIMEOUT_S`.
 
     Errors (already closed, broker gone) and a close that does not finish are logged at debug level

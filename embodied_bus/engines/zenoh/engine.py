@@ -25,6 +25,7 @@ from embodied_bus.engines.base import (
     MessageSink,
 )
 from embodied_bus.engines.blocking import call_bounded
+from embodied_bus.engines.capabilities import Membership, Notifications, RequestReply
 from embodied_bus.engines.urls import ZenohSettings
 from embodied_bus.engines.zenoh.config import (
     SHM_ENABLED_KEY,
@@ -46,7 +47,7 @@ from embodied_bus.model.qos import PublisherOptions, SubscriptionOptions
 _logger = logging.getLogger("embodied_bus.zenoh")
 
 
-class ZenohEngine(Engine):
+class ZenohEngine(Engine, RequestReply, Notifications, Membership):
     """A Zenoh session used as a bus engine.
 
     Open with :meth:`open`; the session is closed by :meth:`close`.

@@ -21,16 +21,37 @@ import time
 import uuid
 from collections import deque
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
-from embodied_bus.engines.base import AckFn, EngineBuffer, EngineSubscriber, GroupMembership, MessageSink
+from embodied_bus.engines.base import (
+    AckFn,
+    EngineBuffer,
+    EngineSubscriber,
+    GroupMembership,
+    MembershipCallback,
+    MessageSink,
+)
 from embodied_bus.model.batches import HeaderRun
 from embodied_bus.model.header import Header
 
-if TYPE_CHECKING:
-    from embodied_bus.engines.zenoh.engine import ZenohEngine
-
 __all__ = ["PROGRESS_PERIOD_S", "FailoverGate", "FailoverSubscriber", "open_failover"]
+
+
+class Coordinating(Protocol):
+    """What failover needs of an engine: lightweight topics and group membership."""
+
+    def notify(self, topic: str, payload: bytes, *, block: bool = False) -> None:
+        """Send on a lightweight topic."""
+        ...
+
+    def listen(self, topic: str, callback: Callable[[str, bytes], None]) -> Any:
+        """Receive from a lightweight topic."""
+        ...
+
+    async def watch_group(self, group: str, on_change: MembershipCallback) -> GroupMembership:
+        """Watch a group's members."""
+        ...
+
 
 #: How often the active member reports what it has handled, in seconds.
 PROGRESS_PERIOD_S = 0.1
@@ -158,7 +179,7 @@ class FailoverSubscriber(EngineSubscriber):
         self._reporter: asyncio.Task[None] | None = None
         self._send: Callable[[], None] = lambda: None
 
-    def start_reports(self, engine: ZenohEngine, topic: str) -> None:
+    def start_reports(self, engine: Coordinating, topic: str) -> None:
         def send() -> None:
             if self.gate.active:
                 engine.notify(topic, encode_progress(self.gate.progress()))
@@ -181,7 +202,7 @@ class FailoverSubscriber(EngineSubscriber):
 
 
 async def open_failover(
-    engine: ZenohEngine,
+    engine: Coordinating,
     group_name: str,
     sink: MessageSink,
     capacity: int,

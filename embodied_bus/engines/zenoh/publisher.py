@@ -8,7 +8,7 @@ import threading
 from collections.abc import Callable, Sequence
 from itertools import repeat
 from operator import add
-from typing import TYPE_CHECKING, Any, cast
+from typing import Any, cast
 
 import zenoh
 
@@ -17,6 +17,7 @@ from embodied_bus.engines.base import (
     FastSend,
     FastSendMany,
 )
+from embodied_bus.engines.zenoh.connection import ZenohConnection
 from embodied_bus.engines.zenoh.sender import HEADER_FIXED_BYTES, Columns, SenderThread, batch_cuts
 from embodied_bus.engines.zenoh.shm import SHM_DIR, BodyBuffers, shm_pool_bytes
 from embodied_bus.engines.zenoh.tuning import (
@@ -42,14 +43,11 @@ from embodied_bus.model.header import (
 )
 from embodied_bus.model.qos import Backpressure, PublisherOptions
 
-if TYPE_CHECKING:
-    from embodied_bus.engines.zenoh.engine import ZenohEngine
-
 _logger = logging.getLogger("embodied_bus.zenoh")
 
 
 class ZenohPublisher(EnginePublisher):
-    def __init__(self, engine: ZenohEngine, key: str, options: PublisherOptions) -> None:
+    def __init__(self, engine: ZenohConnection, key: str, options: PublisherOptions) -> None:
         self._engine = engine
         block = options.backpressure is Backpressure.BLOCK
         cc = zenoh.CongestionControl.BLOCK if block else zenoh.CongestionControl.DROP

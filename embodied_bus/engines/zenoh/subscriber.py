@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncio
 import threading
 import time
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import zenoh
 
@@ -16,6 +16,7 @@ from embodied_bus.engines.base import (
     MessageSink,
     hand_over_batch,
 )
+from embodied_bus.engines.zenoh.connection import ZenohConnection
 from embodied_bus.engines.zenoh.shm import ShmPayload
 from embodied_bus.engines.zenoh.tuning import LAZY_COPY_BYTES
 from embodied_bus.errors import (
@@ -24,10 +25,6 @@ from embodied_bus.errors import (
 )
 from embodied_bus.model.batches import decode_batch_runs, is_batch
 from embodied_bus.model.header import Header, decode_header
-
-if TYPE_CHECKING:
-    from embodied_bus.engines.zenoh.engine import ZenohEngine
-
 
 #: How long a group waits for a withdrawn member's token to answer as still alive, seconds.
 GONE_CHECK_S = 1.0
@@ -38,7 +35,7 @@ RECHECK_MAX_S = 5.0
 
 
 class ZenohSubscriber(EngineSubscriber):
-    def __init__(self, engine: ZenohEngine, key: str, sink: MessageSink) -> None:
+    def __init__(self, engine: ZenohConnection, key: str, sink: MessageSink) -> None:
         deliver = sink.deliver
         reject = sink.reject
 
@@ -98,7 +95,7 @@ class ZenohMulti(EngineSubscriber):
 class ZenohGroup(GroupMembership):
     """Membership through liveliness tokens ``eb/<ns>/@group/<group>/<member>/<value>``."""
 
-    def __init__(self, engine: ZenohEngine, group: str, on_change: MembershipCallback) -> None:
+    def __init__(self, engine: ZenohConnection, group: str, on_change: MembershipCallback) -> None:
         self._engine = engine
         self._prefix = prefix = f"eb/{engine.settings.namespace}/@group/{group}"
         self._members: dict[str, str] = {}
