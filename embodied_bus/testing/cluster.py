@@ -174,6 +174,9 @@ class PulsarCluster:
                 "managedLedgerDefaultAckQuorum": quorum,
                 "functionsWorkerEnabled": "false",
                 "brokerDeduplicationEnabled": "false",
+                # topics move only when their broker dies: a bundle shed to the other broker
+                # while a test kills a member would be a second, unplanned failover
+                "loadBalancerSheddingEnabled": "false",
                 "managedLedgerNewEntriesCheckDelayInMillis": LOW_LATENCY_CONF[
                     "managedLedgerNewEntriesCheckDelayInMillis"
                 ],
@@ -343,13 +346,20 @@ class PulsarCluster:
             self.wait_broker(broker, deadline)
 
     def wait_member(self, member: Member, timeout_s: float) -> None:
-        """Wait until a (re)started member serves: a broker its health check, a bookie or
-        ZooKeeper its port. Raises RuntimeError with the end of its log if it exits or is late."""
+        """Wait until a (re)started member serves: a broker its health check, ZooKeeper its
+        port, a bookie its port and then every running broker's health check (a write and a
+        read through the bookies). Raises RuntimeError with the end of its log if it exits or
+        is late."""
         deadline = time.monotonic() + timeout_s
         if member in self.brokers:
             self.wait_broker(member, deadline)
+        elif member in self.bookies:
+            self._wait_port(member, member.ports["bookie"], deadline)
+            for broker in self.brokers:
+                if broker.alive():
+                    self.wait_broker(broker, deadline)
         else:
-            self._wait_port(member, member.ports["bookie" if member in self.bookies else "client"], deadline)
+            self._wait_port(member, member.ports["client"], deadline)
 
     def _wait_port(self, member: Member, port: int, deadline: float) -> None:
         import socket
