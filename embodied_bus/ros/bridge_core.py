@@ -19,16 +19,19 @@ from typing import Any, TypeVar
 from embodied_bus.actions.model import Action, ActionError
 from embodied_bus.fusion.frame import MultiModalFrame
 from embodied_bus.model.qos import Backpressure
-from embodied_bus.ros.config import ActionRoute, FrameRoute
+from embodied_bus.ros.config import ActionRoute, FrameRoute, RobotConfig
 from embodied_bus.rosmsg.rmw_zenoh import QosProfile, typestore_for
 
 __all__ = [
+    "DIAGNOSTICS_TYPE",
     "GoalOutcome",
     "RosMessage",
+    "RosTopic",
     "SubmitRequest",
     "bus_backpressure",
     "frame_diagnostics_cdr",
     "frame_messages",
+    "frame_topics",
     "goal_outcome",
     "has_header",
     "header_of",
@@ -115,6 +118,32 @@ def frame_messages(frame: MultiModalFrame, route: FrameRoute) -> list[RosMessage
                 RosMessage(f"{route.namespace}/{stream}", enc[4:], m.sample.payload, m.sample.header.stamp_ns)
             )
     return out
+
+
+#: The type of every frame route's ``diagnostics`` topic.
+DIAGNOSTICS_TYPE = "diagnostic_msgs/msg/DiagnosticArray"
+
+
+@dataclass(frozen=True, slots=True)
+class RosTopic:
+    """A ROS topic and its message type."""
+
+    topic: str
+    ros_type: str
+
+
+def frame_topics(config: RobotConfig, route: FrameRoute) -> list[RosTopic]:
+    """The ROS topics a frame route publishes that are known before the first frame: the members
+    that come from ROS (the fusion spec's streams among ``streams:``, every one without a spec)
+    and the diagnostics. A bridge declares them at start, so a subscriber matches before the first
+    frame instead of missing what flows during discovery."""
+    fused = {s.name for s in config.fusion.streams} if config.fusion is not None else None
+    topics = [
+        RosTopic(f"{route.namespace}/{r.stream}", r.ros_type)
+        for r in config.inbound
+        if fused is None or r.stream in fused
+    ]
+    return [*topics, RosTopic(route.diagnostics, DIAGNOSTICS_TYPE)]
 
 
 def frame_diagnostics_cdr(

@@ -41,9 +41,11 @@ from embodied_bus.errors import EncodingError
 from embodied_bus.fusion.codec import decode_frame
 from embodied_bus.model.qos import PublisherOptions
 from embodied_bus.ros.bridge_core import (
+    DIAGNOSTICS_TYPE,
     bus_backpressure,
     frame_diagnostics_cdr,
     frame_messages,
+    frame_topics,
     has_header,
     header_of,
     outcome_json,
@@ -73,7 +75,6 @@ from embodied_bus.streams.publisher import Publisher
 __all__ = ["BridgeCounters", "RmwZenohBridge", "open_rmw_session", "rmw_session_config"]
 
 _log = logging.getLogger("embodied_bus.ros")
-_DIAG_TYPE = "diagnostic_msgs/msg/DiagnosticArray"
 _STRING_TYPE = "std_msgs/msg/String"
 
 
@@ -212,15 +213,11 @@ class RmwZenohBridge:
         """Every ROS publisher known from the config, declared now: the graph (``ros2 topic
         list``, ``count_publishers``) shows them before the first message flows. Members of
         fused frames are the fusion spec's streams that come from ROS."""
-        fusion = self.config.fusion
-        fused = {s.name for s in fusion.streams} if fusion is not None else None
         for route in self.config.outbound:
             self._ros_publisher(route.topic, route.ros_type, route.qos)
         for frame_route in self.config.frames:
-            for inbound in self.config.inbound:
-                if fused is None or inbound.stream in fused:
-                    self._ros_publisher(f"{frame_route.namespace}/{inbound.stream}", inbound.ros_type)
-            self._ros_publisher(frame_route.diagnostics, _DIAG_TYPE)
+            for known in frame_topics(self.config, frame_route):
+                self._ros_publisher(known.topic, known.ros_type)
         if self.planner is not None:
             self._ros_publisher(self.config.results_topic, _STRING_TYPE)
 
@@ -369,7 +366,7 @@ class RmwZenohBridge:
                         self._warn_once(msg.topic, f"cannot republish {msg.topic}: {err}")
                         continue
                     self.counters.to_ros[msg.topic] += 1
-                self._ros_publisher(route.diagnostics, _DIAG_TYPE).put(
+                self._ros_publisher(route.diagnostics, DIAGNOSTICS_TYPE).put(
                     frame_diagnostics_cdr(frame, route, distro=distro)
                 )
                 self.counters.to_ros[route.diagnostics] += 1

@@ -17,7 +17,6 @@ from typing import Any
 import pytest
 import yaml
 from fusion_workers import (
-    CLI,
     assert_one_workers_frames,
     frames_killing_one,
     key_shared_consumers,
@@ -25,6 +24,8 @@ from fusion_workers import (
     one_worker_frames,
     ready_line,
     recorded_samples,
+    replayed,
+    start_replay,
     stop_all,
     worker,
 )
@@ -305,17 +306,7 @@ async def refuse(
                     30,
                     "a Key_Shared consumer of the reference stream per worker",
                 )
-            replay = subprocess.Popen(
-                [
-                    *(*CLI, "replay", str(path), "--bus", url, "--ns", ns, "--spec", str(spec_path)),
-                    *("--topics", *topics, "--duration", str(duration_s)),
-                    *(("--rate", "1") if speed == "rate-1" else ("--fast",)),
-                    *("--wait-subscribers", "20", "--json"),
-                ],
-                stdout=subprocess.PIPE,
-                stderr=subprocess.PIPE,
-                text=True,
-            )
+            replay = start_replay(url, ns, path, spec_path, topics, duration_s, fast=speed == "fast")
             frames, killed_at = await frames_killing_one(
                 frames_sub,
                 expected,
@@ -325,9 +316,8 @@ async def refuse(
             )
     finally:
         outs = stop_all(workers)
-        replayed = replay.communicate(timeout=30) if replay is not None else ("", "")
-    assert replay is not None and replay.returncode == 0, replayed[1][-2000:]
-    assert last_json(replayed[0])["no_subscriber"] == []
+        summary = replayed(replay)
+    assert summary["no_subscriber"] == []
     survivors = [last_json(o) for i, o in enumerate(outs) if not (kill and i == 1)]
     assert_one_workers_frames(frames, expected, survivors)
     assert digest(frame_record(f) for f in frames) == digest(expected.values())

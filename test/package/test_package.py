@@ -3,13 +3,12 @@
 from __future__ import annotations
 
 import ast
-import runpy
 import subprocess
 import sys
 from pathlib import Path
-from unittest import mock
 
 from catkin_pkg.package import parse_package
+from package_setup import setup_kwargs
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -24,22 +23,8 @@ def test_package_xml_is_format_3_with_the_ros_dependencies() -> None:
     assert pkg.get_build_type() == "ament_python"
 
 
-def _setup_kwargs() -> dict[str, object]:
-    captured: dict[str, object] = {}
-    with mock.patch("setuptools.setup", lambda **kw: captured.update(kw)):
-        cwd = Path.cwd()
-        try:
-            import os
-
-            os.chdir(ROOT)
-            runpy.run_path(str(ROOT / "setup.py"))
-        finally:
-            os.chdir(cwd)
-    return captured
-
-
 def test_setup_installs_the_ament_marker_launch_and_config_files() -> None:
-    kw = _setup_kwargs()
+    kw = setup_kwargs()
     files = {dest: list(srcs) for dest, srcs in kw["data_files"]}  # type: ignore[union-attr]
     assert files["share/ament_index/resource_index/packages"] == ["resource/embodied_bus"]
     assert "package.xml" in files["share/embodied_bus"]
@@ -54,7 +39,7 @@ def test_setup_installs_the_ament_marker_launch_and_config_files() -> None:
 
 
 def test_launch_files_parse_and_only_run_existing_commands() -> None:
-    scripts = {s.split("=")[0].strip() for s in _setup_kwargs()["entry_points"]["console_scripts"]}  # type: ignore[index]
+    scripts = {s.split("=")[0].strip() for s in setup_kwargs()["entry_points"]["console_scripts"]}  # type: ignore[index]
     for path in (ROOT / "launch").glob("*.launch.py"):
         tree = ast.parse(path.read_text(), filename=str(path))
         names = {n.name for n in ast.walk(tree) if isinstance(n, ast.FunctionDef)}

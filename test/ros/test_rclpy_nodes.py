@@ -285,9 +285,9 @@ def test_ros_sensors_fused_on_the_bus_come_back_to_ros_with_their_original_stamp
                     "qos": "reliable-all",
                 },
             ]
-            listeners = ros.peer(
-                *("listens", "--plan", json.dumps(topics), "--count", "100000"),
-                *("--idle-s", "7", "--timeout-s", "30"),
+            listeners = ros.peer(  # ready once the bridge's publishers are matched
+                *("listens", "--plan", json.dumps(topics), "--count", "100000", "--publishers", "1"),
+                *("--idle-s", "7", "--timeout-s", "30", "--match-timeout-s", "60"),
             )
             assert await asyncio.to_thread(listeners.wait_for, "ready", 60), listeners.output()
             driver = ros.peer("sensors", "--duration-s", "4")

@@ -9,10 +9,12 @@ import json
 import subprocess
 import sys
 import zipfile
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
 import pytest
+from package_setup import setup_kwargs
 
 from embodied_bus.cli.launch_nodes import fusion_worker as fusion_worker_main
 from embodied_bus.cli.launch_nodes import resolve_bus, strip_ros_args
@@ -24,6 +26,7 @@ from embodied_bus.ros.bridge_core import (
     GoalOutcome,
     frame_diagnostics_cdr,
     frame_messages,
+    frame_topics,
     goal_outcome,
     outcome_json,
     parse_submission,
@@ -34,7 +37,6 @@ from embodied_bus.rosmsg.conversions import array_to_pointcloud2_cdr
 from embodied_bus.testing.ports import free_port
 
 from rmw_node import STORE
-from test_package import _setup_kwargs
 
 ROOT = Path(__file__).resolve().parents[2]
 NODES = ["sensor_bridge", "frame_bridge", "action_bridge"]
@@ -51,7 +53,7 @@ needs_rclpy = pytest.mark.skipif(not HAVE_RCLPY, reason="rclpy is not installed 
 def _scripts() -> dict[str, str]:
     return {
         s.split("=")[0].strip(): s.split("=")[1].strip()
-        for s in _setup_kwargs()["entry_points"]["console_scripts"]  # type: ignore[index]
+        for s in setup_kwargs()["entry_points"]["console_scripts"]  # type: ignore[index]
     }
 
 
@@ -230,6 +232,24 @@ def test_frames_become_ros_messages_and_diagnostics_without_ros() -> None:
     values = {kv.key: kv.value for kv in st.values}
     assert values["missing"] == "camera/front" and values["max_skew_ms"] == "2.500"
     assert diag.header.stamp.sec == 1
+
+
+def test_a_frame_route_declares_the_fused_ros_streams_and_its_diagnostics_up_front() -> None:
+    cfg = load_robot_config(ROOT / "config" / "robot.yaml").resolved()
+    route = cfg.frames[0]
+    assert [(t.topic, t.ros_type) for t in frame_topics(cfg, route)] == [
+        ("/fused/lidar/top", "sensor_msgs/msg/PointCloud2"),
+        ("/fused/camera/front", "sensor_msgs/msg/CompressedImage"),
+        ("/fused/gps", "sensor_msgs/msg/NavSatFix"),
+        ("/fused/imu", "sensor_msgs/msg/Imu"),
+        ("/fused/diagnostics", "diagnostic_msgs/msg/DiagnosticArray"),
+    ]
+    unfused = replace(cfg, fusion=replace(cfg.fusion, streams=cfg.fusion.streams[:2]))  # type: ignore[arg-type]
+    assert [t.topic for t in frame_topics(unfused, route)] == [
+        "/fused/lidar/top",
+        "/fused/camera/front",
+        "/fused/diagnostics",
+    ]
 
 
 def test_ros_submissions_are_validated_and_goal_statuses_map_onto_the_queue() -> None:

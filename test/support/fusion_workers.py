@@ -7,13 +7,14 @@ import json
 import signal
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 import urllib.error
 import urllib.request
 from collections.abc import Iterable
 from pathlib import Path
-from typing import Any
+from typing import IO, Any
 
 from embodied_bus.fusion import FusionSpec, MultiModalFrame, decode_frame
 from embodied_bus.fusion.offline import FrameRecord, frame_record, offline_frames
@@ -24,22 +25,70 @@ from embodied_bus.streams.subscriber import Subscription
 CLI = [sys.executable, "-m", "embodied_bus.cli.main"]
 
 
+#: Each spawned process's standard error (see :func:`spawn`).
+_STDERR: dict[int, IO[str]] = {}
+
+
+def spawn(cmd: list[str]) -> subprocess.Popen[str]:
+    """``cmd`` with its standard output piped and its standard error in an unbounded temporary
+    file (:func:`stderr_tail`): a pipe nobody reads until the end stalls the process once 64 KiB
+    fill it, and a Pulsar client logs every reconnection attempt while a broker is down."""
+    err = tempfile.TemporaryFile("w+")  # noqa: SIM115  (kept open: read after the process ended)
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=err, text=True)
+    _STDERR[proc.pid] = err
+    return proc
+
+
+def stderr_tail(proc: subprocess.Popen[str], chars: int = 2000) -> str:
+    """The last ``chars`` a process started by :func:`spawn` wrote to its standard error."""
+    err = _STDERR.get(proc.pid)
+    if err is None:
+        return ""
+    err.seek(0)
+    return err.read()[-chars:]
+
+
 def worker(
     url: str, ns: str, wid: str, mode: str | None, config: Path, *, json_summary: bool = True
 ) -> subprocess.Popen[str]:
     """A ``fuse`` worker process (``mode`` None: alone; ``json_summary=False``: it says
     "fusing ..." once subscribed, and prints its summary as one JSON line at the end)."""
-    return subprocess.Popen(
+    return spawn(
         [
             *CLI,
             *("fuse", "--config", str(config), "--bus", url, "--ns", ns),
             *(("--scale-out", mode, "--worker-id", wid) if mode is not None else ()),
             *(["--json"] if json_summary else []),
-        ],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
+        ]
     )
+
+
+def start_replay(
+    url: str, ns: str, path: Path, spec_path: Path, topics: Iterable[str], duration_s: float, *, fast: bool
+) -> subprocess.Popen[str]:
+    """An ``embodied-bus replay`` of ``topics`` (the first ``duration_s`` of ``path``) at
+    recorded speed or as fast as it goes, once each stream has a subscriber (JSON summary)."""
+    return spawn(
+        [
+            *(*CLI, "replay", str(path), "--bus", url, "--ns", ns, "--spec", str(spec_path)),
+            *("--topics", *topics, "--duration", str(duration_s)),
+            *(("--fast",) if fast else ("--rate", "1")),
+            *("--wait-subscribers", "30", "--json"),
+        ]
+    )
+
+
+def replayed(proc: subprocess.Popen[str] | None, timeout_s: float = 60.0) -> Any:
+    """The JSON summary of a :func:`start_replay` once it ended; fails with its standard error if it
+    did not end well."""
+    assert proc is not None, "the replay did not start"
+    try:
+        out = proc.communicate(timeout=timeout_s)[0]
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        out = proc.communicate()[0]
+    assert proc.returncode == 0, f"replay exited {proc.returncode}: {stderr_tail(proc)}"
+    return last_json(out)
 
 
 def ready_line(proc: subprocess.Popen[str], timeout_s: float) -> str:
@@ -131,10 +180,26 @@ def _ended(proc: subprocess.Popen[str]) -> str:
         return proc.communicate()[0]
 
 
+def fusion_log(procs: Iterable[subprocess.Popen[str]]) -> str:
+    """What workers started by :func:`spawn` logged of fusion (waits on reconnecting inputs,
+    streams given up), without the client libraries' lines."""
+    lines = []
+    for i, proc in enumerate(procs):
+        err = _STDERR.get(proc.pid)
+        if err is not None:
+            err.seek(0)
+            lines += [f"[{i}] {line}" for line in err.read().splitlines() if "embodied_bus" in line]
+    return "\n".join(lines[-40:])
+
+
 def assert_one_workers_frames(
-    frames: list[MultiModalFrame], expected: dict[int, FrameRecord], summaries: list[Any]
+    frames: list[MultiModalFrame],
+    expected: dict[int, FrameRecord],
+    summaries: list[Any],
+    log: str = "",
 ) -> list[int]:
-    """Each frame once, each with the members computed offline, none lost. The lost ones."""
+    """Each frame once, each with the members computed offline, none lost (``log``: what the
+    workers logged, for the failure message). The lost ones."""
     keys = [f.reference_stamp_ns for f in frames]
     twice = sorted({i for i, k in enumerate(keys) if keys.count(k) > 1})
     order = sorted(set(keys))
@@ -145,12 +210,12 @@ def assert_one_workers_frames(
     got = {f.reference_stamp_ns: frame_record(f) for f in frames}
     differ = {k: (got[k], expected.get(k)) for k in got if got[k] != expected.get(k)}
     assert not differ, (
-        f"{len(differ)} of {len(got)} frames differ from the offline ones: {list(differ.items())[:3]}"
+        f"{len(differ)} of {len(got)} frames differ from the offline ones: {list(differ.items())[:3]}\n{log}"
     )
     lost = sorted(set(expected) - set(got))
     assert all(not s["foreign_clock"] for s in summaries), summaries
     assert all(s.get("outside_slots", 0) == 0 for s in summaries), summaries
-    assert not lost, f"lost {len(lost)} frame(s): {lost[:10]}"
+    assert not lost, f"lost {len(lost)} frame(s): {lost[:10]}\n{log}"
     return lost
 
 

@@ -214,15 +214,21 @@ def cmd_listens(args: argparse.Namespace) -> dict[str, Any]:
         got[topic].append(stamp_of(m))
         sim.append(now_ns(node))
 
+    subs = []
     for p in json.loads(args.plan):
         topic = p["topic"]
         got[topic] = []
-        node.create_subscription(
-            get_message(p["type"]),
-            topic,
-            lambda m, t=topic: on_msg(m, t),
-            qos(p.get("qos", "reliable")),
+        subs.append(
+            node.create_subscription(
+                get_message(p["type"]),
+                topic,
+                lambda m, t=topic: on_msg(m, t),
+                qos(p.get("qos", "reliable")),
+            )
         )
+    deadline = time.monotonic() + args.match_timeout_s  # --publishers: matched before "ready"
+    while any(s.get_publisher_count() < args.publishers for s in subs) and time.monotonic() < deadline:
+        rclpy.spin_once(node, timeout_sec=0.05)
     ready()
     want = {p["topic"]: p.get("count", args.count) for p in json.loads(args.plan)}
     last = [time.monotonic()]  # when the last message came (or the start)
@@ -404,6 +410,7 @@ def main() -> int:
     ap.add_argument("--qos", default="reliable")
     ap.add_argument("--size", type=int, default=0)
     ap.add_argument("--subscribers", type=int, default=1)
+    ap.add_argument("--publishers", type=int, default=0)
     ap.add_argument("--match-timeout-s", type=float, default=20.0)
     ap.add_argument("--linger-s", type=float, default=1.0)
     ap.add_argument("--timeout-s", type=float, default=30.0)

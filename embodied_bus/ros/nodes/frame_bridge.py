@@ -13,8 +13,8 @@ from typing import Any
 from embodied_bus.bus import open_bus
 from embodied_bus.errors import EncodingError
 from embodied_bus.fusion.codec import decode_frame
-from embodied_bus.ros.bridge_core import frame_diagnostics_cdr, frame_messages
-from embodied_bus.ros.config import FrameRoute
+from embodied_bus.ros.bridge_core import DIAGNOSTICS_TYPE, frame_diagnostics_cdr, frame_messages, frame_topics
+from embodied_bus.ros.config import FrameRoute, RobotConfig
 from embodied_bus.ros.nodes.runtime import NodeParams, run_node
 
 __all__ = ["main"]
@@ -25,7 +25,7 @@ NODE_NAME = "frame_bridge"
 FRAME_DEPTH = 100
 
 
-async def _forward(node: Any, bus: Any, route: FrameRoute, distro: str) -> None:
+async def _forward(node: Any, bus: Any, route: FrameRoute, config: RobotConfig) -> None:
     from rosidl_runtime_py.utilities import get_message
 
     pubs: dict[tuple[str, str], Any] = {}
@@ -38,6 +38,11 @@ async def _forward(node: Any, bus: Any, route: FrameRoute, distro: str) -> None:
             pubs[(topic, ros_type)] = pub
         return pub
 
+    for known in frame_topics(config, route):  # matched by subscribers before the first frame
+        try:
+            publisher(known.topic, known.ros_type)
+        except (ValueError, ModuleNotFoundError, AttributeError) as err:
+            log.warning(f"cannot publish {known.topic} ({known.ros_type}): {err}")
     sub = await bus.subscribe(route.stream)
     try:
         async for sample in sub:
@@ -51,8 +56,8 @@ async def _forward(node: Any, bus: Any, route: FrameRoute, distro: str) -> None:
                     publisher(msg.topic, msg.ros_type).publish(bytes(msg.cdr))
                 except (ValueError, ModuleNotFoundError, AttributeError) as err:
                     log.warning(f"cannot republish {msg.topic} ({msg.ros_type}): {err}", once=True)
-            publisher(route.diagnostics, "diagnostic_msgs/msg/DiagnosticArray").publish(
-                frame_diagnostics_cdr(frame, route, distro=distro)
+            publisher(route.diagnostics, DIAGNOSTICS_TYPE).publish(
+                frame_diagnostics_cdr(frame, route, distro=config.ros.distro)
             )
     finally:
         await sub.close()
@@ -62,7 +67,7 @@ async def serve(node: Any, params: NodeParams, stop: asyncio.Event) -> None:
     """Forward every configured frame stream until ``stop`` is set."""
     cfg = params.config
     async with open_bus(params.bus, namespace=params.bus_namespace) as bus:
-        tasks = [asyncio.create_task(_forward(node, bus, r, cfg.ros.distro)) for r in cfg.frames]
+        tasks = [asyncio.create_task(_forward(node, bus, r, cfg)) for r in cfg.frames]
         await stop.wait()
         for t in tasks:
             t.cancel()
