@@ -25,8 +25,8 @@ broker's.
 ``--loop`` chooses the event loop (default ``auto``: uvloop if installed, as ``embodied-bus``
 runs; ``asyncio`` for asyncio's own); the JSON says which ran.
 
-``--prefetch N`` gives the Pulsar executors ``Executor(prefetch=N)`` (default 2) and the raw
-baseline's consumers the same receiver queue size.
+``--prefetch N`` gives the Pulsar executors ``Executor(backend=PulsarQueueOptions(N))`` (default
+2) and the raw baseline's consumers the same receiver queue size.
 
 With the broker's process id (``--broker-pid``, or ``--pulsar auto``) the raw baseline also
 reports the broker's CPU per message, and ``pulsar_ratio.cpu_per_action_in_raw_messages`` is
@@ -64,7 +64,7 @@ from embodied_bus import open_bus  # noqa: E402
 from embodied_bus.actions import Action, Executor, Planner, QueueService, RetryPolicy  # noqa: E402
 from embodied_bus.actions.model import encode_action  # noqa: E402
 from embodied_bus.actions.pulsar import RECEIVER_QUEUE_SIZE  # noqa: E402
-from embodied_bus.actions.queue import EXECUTOR_GROUP  # noqa: E402
+from embodied_bus.actions.queue import EXECUTOR_GROUP, PulsarQueueOptions  # noqa: E402
 from embodied_bus.cli.actions import at_least_one  # noqa: E402  (the CLI's --prefetch check)
 from embodied_bus.loop import LOOP_CHOICES, LOOP_ENV, loop_runner  # noqa: E402
 from embodied_bus.testing.ports import free_port  # noqa: E402
@@ -156,6 +156,7 @@ async def actions_bench(
 
         executors = []
         ex_procs: list[subprocess.Popen[bytes]] = []
+        options = PulsarQueueOptions(prefetch) if prefetch else None
         for i in range(4):
             if executor_processes:  # the noop executors as separate processes
                 cmd = [sys.executable, "-m", "embodied_bus.cli.main", "executor", "--bus", url_b]
@@ -163,9 +164,9 @@ async def actions_bench(
                 cmd += ["--concurrency", "8"] + (["--prefetch", str(prefetch)] if prefetch else [])
                 env = {**os.environ, "PYTHONPATH": str(ROOT / "bench")}
                 ex_procs.append(subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL))
-                ex = Executor(bus, f"bench-flaky-{i}", concurrency=8, prefetch=prefetch)
+                ex = Executor(bus, f"bench-flaky-{i}", concurrency=8, backend=options)
             else:
-                ex = Executor(bus, f"bench-{i}", concurrency=8, prefetch=prefetch)
+                ex = Executor(bus, f"bench-{i}", concurrency=8, backend=options)
                 ex.handler("noop")(noop)
             ex.handler("flaky")(flaky)
             executors.append(ex)
@@ -521,7 +522,7 @@ def main() -> None:
         type=at_least_one,
         default=None,
         metavar="N",
-        help="Pulsar: the executors' prefetch per priority level (Executor(prefetch=N); default 2); "
+        help="Pulsar: the executors' prefetch per priority level (PulsarQueueOptions(N); default 2); "
         "the raw baseline's consumers then use the same receiver queue size",
     )
     p.add_argument(

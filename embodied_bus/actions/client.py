@@ -14,9 +14,15 @@ from typing import TYPE_CHECKING, Any, TypeVar
 
 from embodied_bus.actions.model import Action, ActionError, ActionStatus, SessionFailure
 from embodied_bus.actions.policy import RetryPolicy
-from embodied_bus.actions.queue import ActionQueue, Backlog, QueueOptions, QueueUnavailable, open_queue
+from embodied_bus.actions.queue import (
+    ActionQueue,
+    BackendOptions,
+    Backlog,
+    QueueOptions,
+    QueueUnavailable,
+    open_queue,
+)
 from embodied_bus.errors import BusClosedError, BusConnectionError
-from embodied_bus.security.seal import Sealer, Trust
 from embodied_bus.security.signing import Signer
 
 if TYPE_CHECKING:
@@ -64,10 +70,10 @@ class Planner:
         connect_timeout_s: While the queue is away (a restart, a network drop), requests are
             tried again with backoff for up to this long before they fail with
             :class:`~embodied_bus.actions.queue.QueueUnavailable` (0: fail at once).
-        sealer: Seal this planner's queue requests with its key (a queue service that trusts
-            only known parties answers sealed requests only).
-        trust: Believe only replies and results sealed by the queue's key, and feedback sealed
-            by an executor's (the allow-list says which keys those are).
+        backend: Options of the bus's queue backend, e.g.
+            :class:`~embodied_bus.actions.queue.ZenohQueueOptions` (seal this planner's requests
+            with its key; believe only replies and results sealed by the queue's key, and
+            feedback sealed by an executor's); another backend refuses them by name.
 
     Use it as an async context manager, or call :meth:`close`, to release its result channel.
     """
@@ -80,8 +86,7 @@ class Planner:
         timeout_s: float = REQUEST_TIMEOUT_S,
         signer: Signer | None = None,
         connect_timeout_s: float = CONNECT_TIMEOUT_S,
-        sealer: Sealer | None = None,
-        trust: Trust | None = None,
+        backend: BackendOptions | None = None,
     ) -> None:
         if queue is None and bus is None:
             raise ValueError("a planner needs a bus or a queue")
@@ -92,7 +97,7 @@ class Planner:
         self.signer = signer
         self.connect_timeout_s = connect_timeout_s
         self._own_queue = queue is None
-        options = QueueOptions(timeout_s, sealer, trust)
+        options = QueueOptions(timeout_s, backend)
         self.queue = queue if queue is not None else open_queue(bus, options)  # type: ignore[arg-type]
         # One subscription for every result (not one per action), opened before the first
         # submit so results that arrive before anyone awaits them are kept (bounded).
@@ -254,11 +259,13 @@ class Planner:
         selector: dict[str, str] | None = None,
         session: str | None = None,
         on_failure: SessionFailure | str = SessionFailure.CANCEL,
+        retry: RetryPolicy | None = None,
     ) -> ActionHandle:
         """Submit one action; returns once it is durably queued.
 
         Args:
             deadline_s: Never start it after this many seconds from now.
+            retry: This action's own retry policy (None: the queue's policy of its kind).
             session: Make it the next step of this ordered session: it starts after every step
                 submitted to the session before it has ended, and never beside one.
             on_failure: If this step is dead-lettered, the later steps of its session end
@@ -278,6 +285,7 @@ class Planner:
             deadline_ns=time.time_ns() + int(deadline_s * 1e9) if deadline_s else 0,
             session=session,
             on_failure=on_failure,  # type: ignore[arg-type]  # validate() takes its text too
+            retry=retry,
         ).validate()
         return (await self.submit_many([action]))[0]
 

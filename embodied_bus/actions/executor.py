@@ -29,6 +29,7 @@ from embodied_bus.actions.policy import PermanentFailure
 from embodied_bus.actions.queue import (
     LEASE_S,
     ActionQueue,
+    BackendOptions,
     ExecutorSpec,
     Lease,
     QueueOptions,
@@ -39,7 +40,6 @@ from embodied_bus.actions.queue import (
 )
 from embodied_bus.actions.reporting import RECONNECT_FIRST_S, RECONNECT_MAX_S, Reporter
 from embodied_bus.errors import BusClosedError
-from embodied_bus.security.seal import Sealer, Trust
 from embodied_bus.security.signing import ActionRejected, Verifier
 
 if TYPE_CHECKING:
@@ -66,17 +66,17 @@ class Executor:
         name: Executor name (default random); other executors retry what this one failed.
         queue: The action queue (default: the bus's backend).
         concurrency: Handlers running at once.
-        prefetch: Pulsar only: actions per priority level fetched ahead of a free slot (None:
-            the backend's default). More moves short actions faster; a busy executor then holds
-            up to this many + 1 unstarted actions per level that an idle one cannot take.
         labels: Labels matched against action selectors.
         verifier: Accept only actions signed by a key the allow-list permits for their kind;
             anything else is dead-lettered with the reason before a handler sees it (None: run
             unsigned actions too).
         connect_timeout_s: How long :meth:`run` waits for the queue to answer at start before
             it fails (None: wait until it does, saying so in the log).
-        sealer: Seal this executor's queue requests and feedback with its key.
-        trust: Believe only replies and pushes sealed by the queue's key.
+        backend: Options of the bus's queue backend:
+            :class:`~embodied_bus.actions.queue.ZenohQueueOptions` (seal this executor's requests
+            and feedback, trust only the queue's key) or
+            :class:`~embodied_bus.actions.queue.PulsarQueueOptions` (prefetch); another backend
+            refuses them by name.
 
     Whatever arrives, a lease runs only if it was granted to this executor's process, for an
     attempt it has not run yet, within the concurrency limit; anything else is refused and
@@ -90,17 +90,13 @@ class Executor:
         *,
         queue: ActionQueue | None = None,
         concurrency: int = 1,
-        prefetch: int | None = None,
         labels: dict[str, str] | None = None,
         verifier: Verifier | None = None,
         connect_timeout_s: float | None = None,
-        sealer: Sealer | None = None,
-        trust: Trust | None = None,
+        backend: BackendOptions | None = None,
     ) -> None:
         if concurrency < 1:
             raise ValueError(f"executor concurrency must be >= 1, got {concurrency}")
-        if prefetch is not None and prefetch < 1:
-            raise ValueError(f"executor prefetch must be >= 1 (or None for the default), got {prefetch}")
         if queue is None and bus is None:
             raise ValueError("an executor needs a bus or a queue")
         self.bus = bus
@@ -108,13 +104,12 @@ class Executor:
         #: This process's incarnation of the executor.
         self.session = uuid.uuid4().hex[:12]
         self.concurrency = concurrency
-        self.prefetch = prefetch
         self.labels = labels or {}
         self.verifier = verifier
         self.connect_timeout_s = connect_timeout_s
         self.handlers: dict[str, Handler] = {}
         self._own_queue = queue is None
-        options = QueueOptions(sealer=sealer, trust=trust)
+        options = QueueOptions(backend=backend)
         self.queue = queue if queue is not None else open_queue(bus, options)  # type: ignore[arg-type]
         self.completed = 0
         self.failed = 0
@@ -280,7 +275,6 @@ class Executor:
             tuple(sorted(self.handlers)),
             dict(self.labels),
             self.concurrency,
-            self.prefetch,
         )
         link = self.queue.worker(spec)
         deadline = None if self.connect_timeout_s is None else time.monotonic() + self.connect_timeout_s

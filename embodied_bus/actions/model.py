@@ -6,11 +6,12 @@ import enum
 import json
 import re
 import uuid
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from typing import Any
 
 import msgspec
 
+from embodied_bus.actions.policy import RetryPolicy
 from embodied_bus.errors import EmbodiedBusError
 from embodied_bus.model.limits import DEFAULT_LIMITS, DecodeLimits
 
@@ -145,6 +146,8 @@ class Action:
         on_failure: What the later steps of its session do if this step is dead-lettered.
         ended_reason: Why it ended without running to its end (a session step canceled because
             an earlier step was dead-lettered); empty otherwise.
+        retry: This action's own retry policy (None: its kind's in the queue, else the queue's
+            default).
     """
 
     kind: str
@@ -165,6 +168,7 @@ class Action:
     session: str | None = None
     on_failure: SessionFailure = SessionFailure.CANCEL
     ended_reason: str = ""
+    retry: RetryPolicy | None = None
 
     def validate(self, *, check_payload: bool = True) -> Action:
         """Check kind, priority, payload size (unless ``check_payload`` is false) and selector;
@@ -208,6 +212,8 @@ class Action:
             except ValueError:
                 choices = ", ".join(f.value for f in SessionFailure)
                 raise ActionError(f"on_failure must be one of {choices}, got {self.on_failure!r}") from None
+        if self.retry is not None and not isinstance(self.retry, RetryPolicy):
+            raise ActionError(f"retry must be a RetryPolicy or absent, got {self.retry!r}")
         if not check_payload:
             return self
         try:
@@ -240,6 +246,7 @@ class Action:
             self.session,
             self.on_failure,
             self.ended_reason,
+            self.retry,
         )
 
     @property
@@ -294,6 +301,7 @@ def action_to_dict(action: Action) -> dict[str, Any]:
         "session": a.session,
         "on_failure": a.on_failure.value,
         "ended_reason": a.ended_reason,
+        "retry": None if a.retry is None else asdict(a.retry),
     }
 
 

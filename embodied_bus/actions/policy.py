@@ -6,10 +6,11 @@ import random
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field, replace
 from types import MappingProxyType
+from typing import Protocol
 
 from embodied_bus.errors import BusConfigError
 
-__all__ = ["DEFAULT_RETRY", "PermanentFailure", "RetryPolicies", "RetryPolicy"]
+__all__ = ["DEFAULT_RETRY", "PermanentFailure", "Retried", "RetryPolicies", "RetryPolicy"]
 
 
 class PermanentFailure(Exception):
@@ -61,6 +62,15 @@ class RetryPolicy:
         return fresh or cands
 
 
+class Retried(Protocol):
+    """What the policy of an action depends on (an :class:`~embodied_bus.actions.Action`)."""
+
+    @property
+    def kind(self) -> str: ...
+    @property
+    def retry(self) -> RetryPolicy | None: ...
+
+
 #: The policy used when none is given.
 DEFAULT_RETRY = RetryPolicy()
 
@@ -93,6 +103,10 @@ class RetryPolicies:
     def for_kind(self, kind: str) -> RetryPolicy:
         """The policy of actions of ``kind``."""
         return self.kinds.get(kind, self.default)
+
+    def for_action(self, action: Retried) -> RetryPolicy:
+        """The policy of one action: its own, else its kind's, else the default."""
+        return action.retry if action.retry is not None else self.for_kind(action.kind)
 
     def with_policy(self, policy: RetryPolicy, kind: str | None = None) -> RetryPolicies:
         """These policies with ``policy`` for ``kind`` (None: the default)."""

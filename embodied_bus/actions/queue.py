@@ -16,7 +16,7 @@ import abc
 import importlib
 from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import msgspec
 
@@ -33,10 +33,12 @@ __all__ = [
     "LEASE_S",
     "ActionQueue",
     "Announcement",
+    "BackendOptions",
     "Backlog",
     "BacklogRow",
     "ExecutorSpec",
     "Lease",
+    "PulsarQueueOptions",
     "QueueOptions",
     "QueueUnavailable",
     "Receipt",
@@ -45,6 +47,7 @@ __all__ = [
     "ReportReply",
     "Submitted",
     "WorkerLink",
+    "ZenohQueueOptions",
     "executors_with",
     "open_queue",
     "parse_announcement",
@@ -180,8 +183,6 @@ class ExecutorSpec:
         kinds: Action kinds it runs.
         labels: Labels matched against action selectors.
         concurrency: Handlers it runs at once.
-        prefetch: Pulsar: actions per priority level fetched ahead of a free slot (None: the
-            backend's default); ignored elsewhere.
     """
 
     name: str
@@ -189,7 +190,6 @@ class ExecutorSpec:
     kinds: tuple[str, ...]
     labels: Mapping[str, str] = field(default_factory=dict)
     concurrency: int = 1
-    prefetch: int | None = None
 
 
 @dataclass(slots=True)
@@ -418,19 +418,75 @@ class ActionQueue(abc.ABC):
 
 
 @dataclass(frozen=True, slots=True)
-class QueueOptions:
-    """Options of a backend.
+class BackendOptions:
+    """Options only one queue backend understands; the others refuse them by name
+    (:meth:`QueueOptions.backend_options`)."""
+
+
+@dataclass(frozen=True, slots=True)
+class ZenohQueueOptions(BackendOptions):
+    """Options of the Zenoh queue service's clients (also the in-process queue).
 
     Attributes:
-        request_timeout_s: How long one request waits for the queue, seconds.
-        sealer: Seal every queue message this party sends (queue service backends).
+        sealer: Seal every queue message this party sends with its key (a service that trusts
+            only known parties answers sealed requests only).
         trust: Believe only queue messages sealed by a key of this allow-list with the role the
-            message needs (queue service backends; on Pulsar the broker authenticates).
+            message needs (the queue's replies, results and pushes; executors' feedback).
+    """
+
+    sealer: Sealer | None = None
+    trust: Trust | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class PulsarQueueOptions(BackendOptions):
+    """Options of the Pulsar queue (on Pulsar the broker authenticates each party; queue
+    messages are not sealed).
+
+    Attributes:
+        prefetch: An executor's actions per priority level fetched ahead of a free slot (None:
+            2). More moves short actions faster; a busy executor then holds up to this many + 1
+            unstarted actions per level that an idle one cannot take.
+    """
+
+    prefetch: int | None = None
+
+    def __post_init__(self) -> None:
+        if self.prefetch is not None and self.prefetch < 1:
+            raise BusConfigError(f"prefetch must be >= 1 (or None for the default), got {self.prefetch}")
+
+
+B = TypeVar("B", bound=BackendOptions)
+
+
+@dataclass(frozen=True, slots=True)
+class QueueOptions:
+    """What a party hands the action queue it opens.
+
+    Attributes:
+        request_timeout_s: How long one request waits for the queue, seconds (every backend).
+        backend: Options of one backend (:class:`ZenohQueueOptions`, :class:`PulsarQueueOptions`);
+            another backend refuses them.
     """
 
     request_timeout_s: float = 5.0
-    sealer: Sealer | None = None
-    trust: Trust | None = None
+    backend: BackendOptions | None = None
+
+    def backend_options(self, kind: type[B], engine: str) -> B:
+        """The options of the queue backend of ``engine``, which takes ``kind`` (its defaults
+        when none were given).
+
+        Raises:
+            BusConfigError: Options of another backend were given.
+        """
+        if self.backend is None:
+            return kind()
+        if not isinstance(self.backend, kind):
+            raise BusConfigError(
+                f"{type(self.backend).__name__} do not apply to the action queue of a {engine} bus "
+                f"(it takes {kind.__name__})"
+            )
+        return self.backend
 
 
 #: A backend: makes the queue of a bus.

@@ -34,6 +34,7 @@ from embodied_bus.actions.queue import (
     ReportReply,
     Submitted,
     WorkerLink,
+    ZenohQueueOptions,
     announcement,
 )
 from embodied_bus.engines.capabilities import membership, notifications, request_reply
@@ -142,8 +143,10 @@ def warn_if_unsealed(bus: Bus, sealed: bool, who: str) -> None:
 
 def open_zenoh_queue(bus: Bus, options: QueueOptions) -> ActionQueue:
     """The action queue of a Zenoh bus: its queue service (``embodied-bus queue``)."""
-    warn_if_unsealed(bus, options.sealer is not None and options.trust is not None, "this process")
-    return ServiceQueue(ZenohTransport(bus), options)
+    queue = ServiceQueue(ZenohTransport(bus), options)
+    sealed = queue.sealing.sealer is not None and queue.sealing.trust is not None
+    warn_if_unsealed(bus, sealed, "this process")
+    return queue
 
 
 #: Who may send the queue's own messages (replies, results, pushes), and feedback.
@@ -166,6 +169,8 @@ class ServiceQueue(ActionQueue):
     def __init__(self, transport: ServiceTransport, options: QueueOptions | None = None) -> None:
         self.transport = transport
         self.options = options or QueueOptions()
+        #: Sealing and trust of this party's queue messages.
+        self.sealing = self.options.backend_options(ZenohQueueOptions, "Zenoh")
         self._subs: list[Any] = []
 
     async def call(self, request: p.Request, expected: type[R], timeout_s: float | None = None) -> R:
@@ -177,7 +182,7 @@ class ServiceQueue(ActionQueue):
         """
         wait_s = self.options.request_timeout_s if timeout_s is None else timeout_s
         payload = self.seal("request", p.encode(request))
-        trust = self.options.trust
+        trust = self.sealing.trust
         if trust is None:
             raw = await self.transport.request(payload, wait_s)
             if raw is None:
@@ -203,7 +208,7 @@ class ServiceQueue(ActionQueue):
 
     def seal(self, channel: str, body: bytes) -> bytes:
         """``body`` sealed for ``channel`` (as it is when this party has no sealer)."""
-        sealer = self.options.sealer
+        sealer = self.sealing.sealer
         return body if sealer is None else sealer.seal(channel, body)
 
     def opened(self, channel: str, data: bytes, roles: frozenset[Role]) -> bytes:
@@ -213,7 +218,7 @@ class ServiceQueue(ActionQueue):
         Raises:
             Refused: It is not sealed by a key of the allow-list with one of ``roles``.
         """
-        trust = self.options.trust
+        trust = self.sealing.trust
         return data if trust is None else trust.open(channel, data, roles).body
 
     async def submit(self, actions: Sequence[Action]) -> list[Submitted]:
@@ -267,7 +272,7 @@ class ServiceQueue(ActionQueue):
         self, action_id: str, on_feedback: Callable[[Any], None], on_end: Callable[[], None]
     ) -> Callable[[], None]:
         loop = asyncio.get_running_loop()
-        trust = self.options.trust
+        trust = self.sealing.trust
         gate = HolderGate(action_id, self.get, on_feedback) if trust is not None else None
 
         def feedback(topic: str, payload: bytes) -> None:  # transport thread

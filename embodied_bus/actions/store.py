@@ -252,7 +252,7 @@ class ActionStore:
                     executor,
                     kinds=kinds,
                     labels=labels,
-                    policy=self.policies.for_kind(a.kind),
+                    policy=self.policies.for_action(a),
                     holder_gone=lambda _attempt: True,  # waiting actions hold no open attempt
                     others_fresh=lambda act: _others_fresh(act, executor, live),
                     now=now,
@@ -424,7 +424,7 @@ class ActionStore:
                     lifecycle.succeed(a, result, now)
                 else:
                     decision = lifecycle.fail(
-                        a, reason, self.policies.for_kind(a.kind), now, permanent=permanent
+                        a, reason, self.policies.for_action(a), now, permanent=permanent
                     )
                     retry_after_s = decision.retry_after_s
                     if decision.status is ActionStatus.RETRYING:
@@ -493,7 +493,7 @@ class ActionStore:
                 holder = held.session if held is not None else ""
                 if (session and holder != session) or (keep_session is not None and holder == keep_session):
                     continue  # another process of that name holds it
-                decision = lifecycle.lose(a, self.policies.for_kind(a.kind), now)
+                decision = lifecycle.lose(a, self.policies.for_action(a), now)
                 available = now + int(decision.retry_after_s * 1e9) if decision.retry_after_s else None
                 self.table.save(a, available_ns=available)
                 out.append(a)

@@ -15,10 +15,12 @@ from pathlib import Path
 from typing import Any
 
 from embodied_bus.actions import (
+    DEFAULT_RETRY,
     ActionError,
     Executor,
     Planner,
     QueueService,
+    RetryPolicy,
     SessionFailure,
 )
 from embodied_bus.actions.queue import EXECUTOR_GROUP, Backlog, executors_with
@@ -33,8 +35,9 @@ from embodied_bus.cli.common import (
     credentials,
     fmt_table,
     install_stop_signals,
+    queue_backend,
 )
-from embodied_bus.cli.retry import add_retry_args, add_retry_policy_parser, policies_from_args
+from embodied_bus.cli.retry import add_retry_args, add_retry_policy_parser, policies_from_args, retry_policy
 from embodied_bus.engines.capabilities import membership
 from embodied_bus.engines.urls import parse_bus_url
 from embodied_bus.errors import BusConfigError
@@ -127,6 +130,19 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-a
         default=SessionFailure.CANCEL.value,
         help="if this step is dead-lettered, the session's later steps end canceled (default), "
         "hold until it is requeued or purged, or continue",
+    )
+    p.add_argument(
+        "--max-attempts",
+        type=at_least_one,
+        default=None,
+        help="this action's own tries before dead-lettering (default: the queue's policy of its kind)",
+    )
+    p.add_argument(
+        "--backoff",
+        type=float,
+        default=None,
+        metavar="S",
+        help="with --max-attempts: delay after its first failure, seconds (doubles per failure)",
     )
     p.add_argument("--wait", action="store_true", help="print the result when it ends")
     p.add_argument("--timeout", type=float, default=60.0)
@@ -261,8 +277,8 @@ async def run_executor(args: argparse.Namespace) -> int:
             if args.allow
             else None
         )
-        sealer, trust = credentials(args)
-        if verifier is not None and trust is None:
+        backend = queue_backend(args, args.prefetch)
+        if verifier is not None and getattr(backend, "trust", None) is None:
             _log.warning(
                 "actions are verified but queue messages are not sealed: a party on the bus can forge "
                 "leases and results (give --seal and --trust on Zenoh; broker authorization on Pulsar, "
@@ -272,12 +288,10 @@ async def run_executor(args: argparse.Namespace) -> int:
             bus,
             args.name,
             concurrency=args.concurrency,
-            prefetch=args.prefetch,
             labels=labels,
             verifier=verifier,
             connect_timeout_s=args.connect_timeout,
-            sealer=sealer,
-            trust=trust,
+            backend=backend,
         )
         for kind, fn in handlers.items():
             ex.handler(kind)(fn)
@@ -307,11 +321,20 @@ async def run_send(args: argparse.Namespace) -> int:
         signer = (
             Signer(load_private_key(args.sign), ttl_s=args.ttl, audience=bus.namespace) if args.sign else None
         )
-        sealer, trust = credentials(args)
         async with Planner(
-            bus, signer=signer, connect_timeout_s=_wait_s(args), sealer=sealer, trust=trust
+            bus, signer=signer, connect_timeout_s=_wait_s(args), backend=queue_backend(args)
         ) as planner:
             return await _send(args, bus, planner, payload)
+
+
+def _own_retry(args: argparse.Namespace) -> RetryPolicy | None:
+    """``send --max-attempts [--backoff]``: the action's own policy (None: the queue's)."""
+    if args.max_attempts is None:
+        if args.backoff is not None:
+            raise BusConfigError("--backoff needs --max-attempts (the action's own retry policy)")
+        return None
+    backoff_s = DEFAULT_RETRY.initial_backoff_s if args.backoff is None else args.backoff
+    return retry_policy(args.max_attempts, backoff_s)
 
 
 async def _send(args: argparse.Namespace, bus: Bus, planner: Planner, payload: Any) -> int:
@@ -324,6 +347,7 @@ async def _send(args: argparse.Namespace, bus: Bus, planner: Planner, payload: A
         idempotency_key=args.key,
         session=args.session,
         on_failure=args.on_failure,
+        retry=_own_retry(args),
     )
     if not args.wait:
         print(json.dumps({"id": h.id, "duplicate": h.duplicate, "session": args.session}))
@@ -381,10 +405,10 @@ async def _warn_without_executor(bus: Bus, kind: str) -> None:
 
 
 async def run_dlq(args: argparse.Namespace) -> int:
-    sealer, trust = credentials(args)
+    backend = queue_backend(args)
     async with (
         open_bus(args.bus, namespace=args.ns) as bus,
-        Planner(bus, sealer=sealer, trust=trust) as planner,
+        Planner(bus, backend=backend) as planner,
     ):
         if args.what in ("show", "requeue") and not args.id:
             raise BusConfigError(f"dlq {args.what} needs an action id")
@@ -507,10 +531,10 @@ async def run_actions(args: argparse.Namespace) -> int:
             f"metrics on :{exporter.port}/metrics, backlog JSON on :{exporter.port}/backlog", file=sys.stderr
         )
     try:
-        sealer, trust = credentials(args)
+        backend = queue_backend(args)
         async with (
             open_bus(args.bus, namespace=args.ns) as bus,
-            Planner(bus, sealer=sealer, trust=trust) as planner,
+            Planner(bus, backend=backend) as planner,
         ):
             while not stop.is_set():
                 shown = view.update(await planner.backlog(), time.monotonic())

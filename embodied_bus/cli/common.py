@@ -21,7 +21,7 @@ from embodied_bus.ros.config import robot_config_from_dict
 from embodied_bus.security import Sealer, Trust, WatchedAllowList, load_private_key
 
 if TYPE_CHECKING:
-    from embodied_bus.actions.queue import Backlog
+    from embodied_bus.actions.queue import BackendOptions, Backlog
     from embodied_bus.bus import Bus
 
 __all__ = [
@@ -156,6 +156,27 @@ def credentials(args: argparse.Namespace) -> tuple[Sealer | None, Trust | None]:
     sealer = Sealer(load_private_key(args.seal)) if args.seal else None
     trust = Trust(WatchedAllowList(args.trust)) if args.trust else None
     return sealer, trust
+
+
+def queue_backend(args: argparse.Namespace, prefetch: int | None = None) -> BackendOptions | None:
+    """The queue backend options of a command: ``--seal``/``--trust`` (the Zenoh queue
+    service) or ``--prefetch`` (Pulsar); None: neither.
+
+    Raises:
+        BusConfigError: Options of both backends were given.
+    """
+    from embodied_bus.actions.queue import PulsarQueueOptions, ZenohQueueOptions
+
+    if prefetch is not None:
+        if args.seal or args.trust:
+            raise BusConfigError(
+                "--prefetch is for the Pulsar queue and --seal/--trust for the Zenoh queue service: "
+                "give the options of your bus's engine only"
+            )
+        return PulsarQueueOptions(prefetch)
+    if not (args.seal or args.trust):
+        return None
+    return ZenohQueueOptions(*credentials(args))
 
 
 def add_clock_arg(parser: argparse.ArgumentParser) -> None:

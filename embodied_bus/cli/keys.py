@@ -161,8 +161,8 @@ def secure_setup_text(folder: Path, planner: str, executors: list[str]) -> str:
             for n in executors
         ),
         f"embodied-bus send ... --sign {plan} --seal {plan} {trust}",
-        "# Python: Planner(bus, signer=Signer(key), sealer=Sealer(key),",
-        f"#                 trust=Trust(WatchedAllowList('{allow}')))",
+        "# Python: Planner(bus, signer=Signer(key),",
+        f"#     backend=ZenohQueueOptions(Sealer(key), Trust(WatchedAllowList('{allow}'))))",
     ]
     return "\n".join(lines)
 

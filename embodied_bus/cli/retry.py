@@ -9,7 +9,7 @@ from types import MappingProxyType
 
 from embodied_bus.actions import DEFAULT_RETRY, Planner, RetryPolicies, RetryPolicy
 from embodied_bus.bus import open_bus
-from embodied_bus.cli.common import add_bus_args, add_credential_args, at_least_one, credentials
+from embodied_bus.cli.common import add_bus_args, add_credential_args, at_least_one, queue_backend
 from embodied_bus.errors import BusConfigError
 
 __all__ = [
@@ -105,17 +105,19 @@ async def run_retry_policy(args: argparse.Namespace) -> int:
     if not given and not kinds:
         raise BusConfigError("give --max-attempts/--backoff (every kind) or --retry KIND=ATTEMPTS")
     wait_s = math.inf if args.connect_timeout is None else float(args.connect_timeout)
-    async with open_bus(args.bus, namespace=args.ns, wait_s=wait_s) as bus:
-        sealer, trust = credentials(args)
-        async with Planner(bus, connect_timeout_s=wait_s, sealer=sealer, trust=trust) as planner:
-            if given:
-                default = retry_policy(
-                    args.max_attempts or DEFAULT_RETRY.max_attempts,
-                    DEFAULT_RETRY.initial_backoff_s if args.backoff is None else args.backoff,
-                )
-                await planner.set_policy(default)
-                print(f"every kind: {default}")
-            for kind, policy in kinds.items():
-                await planner.set_policy(policy, kind)
-                print(f"{kind}: {policy}")
+    backend = queue_backend(args)
+    async with (
+        open_bus(args.bus, namespace=args.ns, wait_s=wait_s) as bus,
+        Planner(bus, connect_timeout_s=wait_s, backend=backend) as planner,
+    ):
+        if given:
+            default = retry_policy(
+                args.max_attempts or DEFAULT_RETRY.max_attempts,
+                DEFAULT_RETRY.initial_backoff_s if args.backoff is None else args.backoff,
+            )
+            await planner.set_policy(default)
+            print(f"every kind: {default}")
+        for kind, policy in kinds.items():
+            await planner.set_policy(policy, kind)
+            print(f"{kind}: {policy}")
     return 0

@@ -16,7 +16,7 @@ from collections.abc import AsyncIterator
 from pathlib import Path
 
 from embodied_bus.bus import Bus, open_bus
-from embodied_bus.cli.common import add_bus_args, add_credential_args, credentials, install_stop_signals
+from embodied_bus.cli.common import add_bus_args, add_credential_args, install_stop_signals, queue_backend
 from embodied_bus.errors import BusConfigError
 
 __all__ = ["add_parser", "add_view_arg", "serving_view"]
@@ -98,12 +98,10 @@ async def run(args: argparse.Namespace) -> int:
         streams=tuple(args.streams) if args.streams else None,
         pipelines=tuple(args.frames) if args.frames else None,
     )
-    sealer, trust = credentials(args)
+    backend = queue_backend(args)
     async with open_bus(args.bus, namespace=args.ns) as bus:
         queue = (
-            None
-            if args.no_actions
-            else open_queue(bus, QueueOptions(request_timeout_s=1.0, sealer=sealer, trust=trust))
+            None if args.no_actions else open_queue(bus, QueueOptions(request_timeout_s=1.0, backend=backend))
         )
         try:
             async with LiveView(bus, options, queue=queue) as view:

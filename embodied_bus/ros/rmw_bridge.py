@@ -199,8 +199,7 @@ class RmwZenohBridge:
                 self.bus,
                 f"ros-{self.config.ros.node_name}",
                 concurrency=len(routes),
-                sealer=creds.executor_sealer,
-                trust=creds.trust,
+                backend=creds.executor_options(),
             )
             for route, handler in routes:
                 executor.handler(route.kind)(handler)

@@ -7,7 +7,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from embodied_bus.actions import Planner
+from embodied_bus.actions import Planner, ZenohQueueOptions
 from embodied_bus.ros.config import SecurityPaths
 from embodied_bus.security import Sealer, Signer, Trust, WatchedAllowList, load_private_key
 
@@ -25,6 +25,19 @@ class BridgeCredentials:
     planner_sealer: Sealer | None = None
     executor_sealer: Sealer | None = None
     trust: Trust | None = None
+
+    def planner_options(self) -> ZenohQueueOptions | None:
+        """The queue options of the bridges' planner (None: unsealed)."""
+        return self._options(self.planner_sealer)
+
+    def executor_options(self) -> ZenohQueueOptions | None:
+        """The queue options of the bridges' executor (None: unsealed)."""
+        return self._options(self.executor_sealer)
+
+    def _options(self, sealer: Sealer | None) -> ZenohQueueOptions | None:
+        if sealer is None and self.trust is None:
+            return None
+        return ZenohQueueOptions(sealer, self.trust)
 
 
 def bridge_credentials(security: SecurityPaths | None) -> BridgeCredentials:
@@ -47,4 +60,4 @@ def bridge_credentials(security: SecurityPaths | None) -> BridgeCredentials:
 
 def bridge_planner(bus: Bus, credentials: BridgeCredentials) -> Planner:
     """The planner of a bridge (ROS submissions, offered kinds)."""
-    return Planner(bus, signer=credentials.signer, sealer=credentials.planner_sealer, trust=credentials.trust)
+    return Planner(bus, signer=credentials.signer, backend=credentials.planner_options())

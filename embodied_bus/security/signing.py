@@ -2,9 +2,10 @@
 
 A signed action carries ``auth = {"v": 1, "key": <key id>, "nonce": <32 hex>, "expires_ns": <UTC ns>,
 "aud": <bus namespace or null>, "sig": <base64 Ed25519 signature>}``. The signature covers the
-action's id, kind, payload, priority, deadline, idempotency key and selector plus every ``auth``
-field but ``sig`` (canonical JSON: sorted keys, no spaces, ASCII), so changing any of them
-breaks it. The queue service is not trusted: executors verify.
+action's id, kind, payload, priority, deadline, idempotency key and selector, its session and
+own retry policy where it has them, plus every ``auth`` field but ``sig`` (canonical JSON:
+sorted keys, no spaces, ASCII), so changing any of them breaks it. The queue service is not
+trusted: executors verify.
 
 Rejections (:class:`RejectReason`): unsigned, malformed, unknown key, key expired (rotated out),
 kind not allowed for the key, bad signature (forged or tampered), expired, expiry too far ahead,
@@ -19,6 +20,7 @@ from __future__ import annotations
 
 import base64
 import binascii
+import dataclasses
 import enum
 import json
 import secrets
@@ -129,6 +131,9 @@ def signed_bytes(action: Signable, auth: dict[str, Any]) -> bytes:
     session = getattr(action, "session", None)
     if session is not None:  # a step's place in its session is signed too
         doc["session"] = session
+    retry = getattr(action, "retry", None)
+    if retry is not None:  # and an action's own retry policy
+        doc["retry"] = dataclasses.asdict(retry)
     return json.dumps(doc, sort_keys=True, separators=(",", ":"), ensure_ascii=True).encode()
 
 

@@ -34,7 +34,7 @@ from embodied_bus.actions import protocol as p
 from embodied_bus.actions.model import encode_action
 from embodied_bus.actions.pulsar import RECEIVER_QUEUE_SIZE, PulsarQueue
 from embodied_bus.actions.pulsar.records import Event, chunks, encode_record
-from embodied_bus.actions.queue import EXECUTOR_GROUP
+from embodied_bus.actions.queue import EXECUTOR_GROUP, PulsarQueueOptions, ZenohQueueOptions
 from embodied_bus.actions.remote import SERVICE, ServiceQueue
 from embodied_bus.errors import BusConfigError
 
@@ -221,8 +221,9 @@ async def test_a_poison_action_lands_in_the_dead_letter_queue_with_its_history(r
 
 async def test_the_queue_owns_the_retry_policy_of_each_kind(rig: Rig) -> None:
     """Every executor applies the queue's policy of a kind: ``fragile`` gets one try, others
-    the default's three; on Pulsar and in this process a planner sets a kind's policy (a record
-    every executor reads), on Zenoh it is the queue service's configuration."""
+    the default's three, an action with a policy of its own that one; on Pulsar and in this
+    process a planner sets a kind's policy (a record every executor reads), on Zenoh it is the
+    queue service's configuration."""
 
     async def boom(action: Action, ctx):  # type: ignore[no-untyped-def]
         raise RuntimeError("wheel slipped")
@@ -234,6 +235,12 @@ async def test_the_queue_owns_the_retry_policy_of_each_kind(rig: Rig) -> None:
     dock = await (await rig.planner.submit("dock")).result(timeout_s=20)
     assert (fragile.status, fragile.attempt_count) == (ActionStatus.DEAD, 1)
     assert (dock.status, dock.attempt_count) == (ActionStatus.DEAD, 3)
+    # an action's own policy comes before its kind's
+    own = RetryPolicy(max_attempts=2, initial_backoff_s=0.05)
+    fragile = await (await rig.planner.submit("fragile", retry=own)).result(timeout_s=20)
+    dock = await (await rig.planner.submit("dock", retry=ONCE)).result(timeout_s=20)
+    assert (fragile.status, fragile.attempt_count, fragile.retry) == (ActionStatus.DEAD, 2, own)
+    assert (dock.status, dock.attempt_count) == (ActionStatus.DEAD, 1)
     if rig.engine == "zenoh":
         with pytest.raises(BusConfigError, match="queue service's configuration"):
             await rig.planner.set_policy(ONCE, "twice")
@@ -665,7 +672,8 @@ async def test_an_idle_executor_takes_the_backlog_a_busy_one_cannot_start(
 
         return work
 
-    busy = rig.make_executor("busy", concurrency=1, prefetch=prefetch)
+    options = PulsarQueueOptions(prefetch) if prefetch is not None else None
+    busy = rig.make_executor("busy", concurrency=1, backend=options)
     for kind in ["job", "weld", "inspect"][:kinds]:
         busy.handler(kind)(worker("busy"))
     rig.tasks.append(asyncio.create_task(busy.run(rig.stop)))
@@ -688,7 +696,7 @@ async def test_an_idle_executor_takes_the_backlog_a_busy_one_cannot_start(
             )
         else:  # a broker of the developer's: no admin API at hand, the bound is checked one way
             await asyncio.sleep(1.0)
-    idle = rig.make_executor("idle", concurrency=16, prefetch=prefetch)
+    idle = rig.make_executor("idle", concurrency=16, backend=options)
     idle.handler("job")(worker("idle"))
     rig.tasks.append(asyncio.create_task(idle.run(rig.stop)))
     await wait_until(lambda: len(ran["idle"]) >= 12 - held, 20, f"the idle executor running all but {held}")
@@ -700,9 +708,36 @@ async def test_an_idle_executor_takes_the_backlog_a_busy_one_cannot_start(
     assert len(ran["idle"]) >= 12 - held
 
 
+async def test_a_backend_takes_its_own_options_and_refuses_another_backends_by_name(rig: Rig) -> None:
+    """Sealing is the Zenoh queue service's, prefetch Pulsar's: handed to the other engine's
+    queue, the options are refused with their name and the one that backend takes."""
+    if rig.memory is not None:
+        pytest.skip("an in-process queue is made directly, not from a bus")
+    own, other = (
+        (ZenohQueueOptions(), PulsarQueueOptions(3))
+        if rig.engine == "zenoh"
+        else (PulsarQueueOptions(3), ZenohQueueOptions())
+    )
+    refusal = rf"{type(other).__name__} do not apply .* \(it takes {type(own).__name__}\)"
+    with pytest.raises(BusConfigError, match=refusal):
+        Executor(rig.ex_bus, "wrong", backend=other)
+    with pytest.raises(BusConfigError, match=type(other).__name__):
+        Planner(rig.ex_bus, backend=other)
+    ex = Executor(rig.ex_bus, "right", backend=own)
+    planner = Planner(rig.ex_bus, backend=own)
+    try:
+        if isinstance(ex.queue, PulsarQueue):
+            assert ex.queue.prefetch == 3
+        else:
+            assert isinstance(ex.queue, ServiceQueue) and ex.queue.sealing == own
+    finally:
+        await planner.close()
+        await ex.queue.close()
+
+
 def test_an_executor_refuses_a_prefetch_or_concurrency_below_one() -> None:
-    with pytest.raises(ValueError, match="prefetch must be >= 1"):
-        Executor(queue=MemoryQueue(), prefetch=0)
+    with pytest.raises(BusConfigError, match="prefetch must be >= 1"):
+        PulsarQueueOptions(prefetch=0)
     with pytest.raises(ValueError, match="concurrency must be >= 1"):
         Executor(queue=MemoryQueue(), concurrency=0)
     with pytest.raises(ValueError, match="needs a bus or a queue"):

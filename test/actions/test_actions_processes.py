@@ -168,13 +168,17 @@ def test_send_and_dlq_commands_show_results_and_dead_letters(
         )
         assert ok.returncode == 0, ok.stderr
         assert json.loads(ok.stdout)["status"] == "succeeded"
-        bad = subprocess.run(
-            [*CLI, "send", "dock", "--bus", port_url, "--ns", ns, "--wait", "--timeout", "120"],
+        bad = subprocess.run(  # its own policy: two tries, not the queue's five
+            [
+                *(*CLI, "send", "dock", "--bus", port_url, "--ns", ns, "--wait", "--timeout", "120"),
+                *("--max-attempts", "2", "--backoff", "0.1"),
+            ],
             capture_output=True,
             text=True,
             timeout=150,
         )
         assert bad.returncode == 1 and json.loads(bad.stdout)["status"] == "dead"
+        assert len(json.loads(bad.stdout)["attempts"]) == 2, bad.stdout
         listing = subprocess.run(
             [*CLI, "dlq", "list", "--bus", port_url, "--ns", ns], capture_output=True, text=True, timeout=60
         )

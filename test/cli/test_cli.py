@@ -41,6 +41,20 @@ def test_an_executor_prefetch_below_one_or_a_negative_queue_bound_is_refused_by_
     assert out.returncode == 2 and "--keep-ended: must be at least 0, got -1" in out.stderr
 
 
+def test_an_executor_given_another_engines_queue_options_exits_naming_them() -> None:
+    """``--prefetch`` is Pulsar's, ``--seal``/``--trust`` the Zenoh queue service's."""
+    env = {**os.environ, "PYTHONPATH": str(ROOT / "test" / "support")}
+    bus = f"zenoh:?listen=tcp/127.0.0.1:{free_port()}"
+    base = [*CLI, "executor", "--handlers", "action_handlers:HANDLERS", "--bus", bus, "--prefetch", "2"]
+    out = subprocess.run(base, capture_output=True, text=True, timeout=60, env=env, check=False)
+    assert out.returncode != 0
+    assert "PulsarQueueOptions do not apply to the action queue of a Zenoh bus" in out.stderr, out.stderr
+    both = [*base, "--seal", "missing.pem"]
+    out = subprocess.run(both, capture_output=True, text=True, timeout=60, env=env, check=False)
+    assert out.returncode != 0
+    assert "--prefetch is for the Pulsar queue and --seal/--trust for the Zenoh queue service" in out.stderr
+
+
 def test_echo_prints_header_fields_of_samples_from_pub() -> None:
     port = free_port()
     echo = subprocess.Popen(

@@ -21,7 +21,7 @@ import yaml
 from zenoh.ext import Int64, z_serialize
 
 from embodied_bus import open_bus
-from embodied_bus.actions import Action, Executor, QueueService, RetryPolicy
+from embodied_bus.actions import Action, Executor, QueueService, RetryPolicy, ZenohQueueOptions
 from embodied_bus.errors import BusConfigError, BusConnectionError
 from embodied_bus.fusion.worker import FusionWorker
 from embodied_bus.ros.bridge_core import header_of, string_cdr, string_from_cdr
@@ -478,11 +478,11 @@ async def test_ros_planners_submit_actions_as_json_and_read_the_outcome(tmp_path
         async def navigate(action: Action, ctx):  # type: ignore[no-untyped-def]
             return {"reached": action.payload["goal"]}
 
+        ex_sealer = Sealer(load_private_key(keys / "ex-ros.pem")) if sealed else None
         ex = Executor(
             bus,
             "ex-ros",
-            sealer=Sealer(load_private_key(keys / "ex-ros.pem")) if sealed else None,
-            trust=creds.trust,
+            backend=ZenohQueueOptions(ex_sealer, creds.trust) if sealed else None,
             verifier=Verifier(WatchedAllowList(keys / "allow.yaml"), audience="rmwact") if sealed else None,
         )
         ex.handler("navigate_to")(navigate)

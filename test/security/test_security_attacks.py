@@ -28,7 +28,7 @@ import pytest
 import zenoh
 
 from embodied_bus import Bus, open_bus
-from embodied_bus.actions import Action, ActionError, ActionStatus, Planner
+from embodied_bus.actions import Action, ActionError, ActionStatus, Planner, ZenohQueueOptions
 from embodied_bus.actions.model import encode_action
 from embodied_bus.security import (
     AllowList,
@@ -192,8 +192,7 @@ async def site(tmp_path: Path, request: pytest.FixtureRequest) -> AsyncIterator[
     s.planner = Planner(
         s.bus,
         signer=Signer(keys["ops"]),
-        sealer=Sealer(keys["ops"]) if sealed else None,
-        trust=Trust(WatchedAllowList(allow)) if sealed else None,
+        backend=ZenohQueueOptions(Sealer(keys["ops"]), Trust(WatchedAllowList(allow))) if sealed else None,
     )
     try:
         yield s
@@ -335,8 +334,7 @@ async def test_a_revoked_key_stops_working_in_running_processes_within_seconds(s
     planner = Planner(
         site.bus,
         signer=Signer(site.keys["ops"]),
-        sealer=Sealer(site.keys["ctl"]),
-        trust=Trust(WatchedAllowList(site.allow_path)),
+        backend=ZenohQueueOptions(Sealer(site.keys["ctl"]), Trust(WatchedAllowList(site.allow_path))),
     )
     try:
         before = await (await planner.submit("move", {"to": "a"})).result(timeout_s=20)

@@ -104,6 +104,16 @@ def test_the_forged_signature_of_a_stranger_is_a_bad_signature() -> None:
         Verifier(allow()).verify(_forged(), now_ns=NOW)
 
 
+def test_an_actions_own_retry_policy_is_signed_with_it() -> None:
+    """Giving a signed action more tries (or taking its policy away) breaks the signature."""
+    v = Verifier(allow())
+    a = signed(Action("navigate_to", {"x": 1}, retry=RetryPolicy(max_attempts=2)))
+    assert v.verify(a, now_ns=NOW) == "ops"
+    for changed in (RetryPolicy(max_attempts=50), None):
+        with pytest.raises(ActionRejected, match="bad_signature"):
+            v.verify(dataclasses.replace(a, retry=changed), now_ns=NOW)
+
+
 def test_a_nonce_is_good_for_retries_of_its_action_but_never_for_another_or_after_completion(
     tmp_path: Path,
 ) -> None:

@@ -71,7 +71,7 @@ class DoubtfulClaims:
                 mine = held is not None and held.session == self._session and held.number == claim.attempt
                 a = view.copy() if view is not None and mine else None
             if a is not None:
-                decision = lifecycle.lose(a, q.policy_for(a.kind), time.time_ns(), reason=NEVER_STARTED)
+                decision = lifecycle.lose(a, q.policy_for(a), time.time_ns(), reason=NEVER_STARTED)
                 _log.warning("action %s: attempt %d %s", action_id, claim.attempt, NEVER_STARTED)
                 if decision.status is ActionStatus.RETRYING:
                     await q.enqueue(a, claim.reply_to)  # the message first, as for any retry

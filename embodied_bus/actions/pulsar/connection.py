@@ -10,7 +10,7 @@ from typing import Any
 import pulsar
 
 from embodied_bus.actions.model import Action, encode_action
-from embodied_bus.actions.policy import RetryPolicy
+from embodied_bus.actions.policy import Retried, RetryPolicy
 from embodied_bus.actions.pulsar.records import Event, encode_policy
 from embodied_bus.actions.pulsar.sending import Producers, Replies, deliver_after, send, unavailable
 from embodied_bus.actions.pulsar.statelog import StateLog
@@ -87,10 +87,10 @@ class QueueConnection:
         except pulsar.PulsarException as err:
             raise unavailable("creating the queue subscriptions", err) from err
 
-    def policy_for(self, kind: str) -> RetryPolicy:
-        """The retry policy of ``kind``: its policy record in the state log, else the default's,
-        else :data:`~embodied_bus.actions.policy.DEFAULT_RETRY`."""
-        return self.state.policies.for_kind(kind)
+    def policy_for(self, action: Retried) -> RetryPolicy:
+        """The retry policy of ``action``: its own, else its kind's policy record in the state
+        log, else the default's, else :data:`~embodied_bus.actions.policy.DEFAULT_RETRY`."""
+        return self.state.policies.for_action(action)
 
     async def set_policy(self, policy: RetryPolicy, kind: str | None) -> None:
         """Write a policy record and wait until this process's view of the log has it."""

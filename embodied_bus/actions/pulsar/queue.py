@@ -34,7 +34,15 @@ from embodied_bus.actions.pulsar.topics import (
     DLQ_SUBSCRIPTION,
 )
 from embodied_bus.actions.pulsar.worker import PulsarWorker
-from embodied_bus.actions.queue import ActionQueue, Backlog, ExecutorSpec, QueueOptions, Submitted, WorkerLink
+from embodied_bus.actions.queue import (
+    ActionQueue,
+    Backlog,
+    ExecutorSpec,
+    PulsarQueueOptions,
+    QueueOptions,
+    Submitted,
+    WorkerLink,
+)
 from embodied_bus.engines.pulsar import PulsarEngine, close_handle
 from embodied_bus.errors import BusConfigError
 
@@ -47,16 +55,18 @@ def open_pulsar_queue(bus: Any, options: QueueOptions) -> ActionQueue:
     """The action queue of a Pulsar bus.
 
     Raises:
-        BusConfigError: Sealed queue messages were asked for: on Pulsar the broker
-            authenticates each party and authorizes it per topic (see the README's threat model).
+        BusConfigError: Options of another backend were given, e.g. sealed queue messages
+            (:class:`~embodied_bus.actions.queue.ZenohQueueOptions`): on Pulsar the broker
+            authenticates each party and authorizes it per topic (see the security page).
     """
-    if options.sealer is not None or options.trust is not None:
+    try:
+        pulsar_options = options.backend_options(PulsarQueueOptions, "Pulsar")
+    except BusConfigError as err:
         raise BusConfigError(
-            "sealed queue messages (sealer/trust) are for the Zenoh queue service; on Pulsar give "
-            "each planner and executor its own broker credentials (token=...) and grant their roles "
-            "per topic"
-        )
-    return PulsarQueue(bus.engine)
+            f"{err}; on Pulsar give each planner and executor its own broker credentials "
+            "(token=...) and grant their roles per topic"
+        ) from None
+    return PulsarQueue(bus.engine, prefetch=pulsar_options.prefetch)
 
 
 class PulsarQueue(ActionQueue):
@@ -64,15 +74,18 @@ class PulsarQueue(ActionQueue):
 
     Args:
         engine: An open Pulsar engine.
+        prefetch: Its executors' actions per priority level fetched ahead of a free slot
+            (None: :data:`~embodied_bus.actions.pulsar.worker.RECEIVER_QUEUE_SIZE`).
 
     Retry policies are records in the state log (:meth:`set_policy`): every executor of the
     queue applies the same one to a kind.
     """
 
-    def __init__(self, engine: PulsarEngine) -> None:
+    def __init__(self, engine: PulsarEngine, *, prefetch: int | None = None) -> None:
         #: What this planner side and the executors' links share.
         self.conn = QueueConnection(engine)
         self.engine = engine
+        self.prefetch = prefetch
         self.topics = self.conn.topics
         self.state = self.conn.state
         self.producers = self.conn.producers
@@ -361,4 +374,4 @@ class PulsarQueue(ActionQueue):
 
     # ------------------------------------------------------------------ executors
     def worker(self, spec: ExecutorSpec) -> WorkerLink:
-        return PulsarWorker(self.conn, spec)
+        return PulsarWorker(self.conn, spec, prefetch=self.prefetch)

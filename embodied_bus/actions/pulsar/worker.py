@@ -114,10 +114,10 @@ class _Holding:
 class PulsarWorker(WorkerLink):
     """One executor's consumers, leases and reports on Pulsar."""
 
-    def __init__(self, conn: QueueConnection, spec: ExecutorSpec) -> None:
+    def __init__(self, conn: QueueConnection, spec: ExecutorSpec, *, prefetch: int | None = None) -> None:
         self.conn = conn
         self.spec = spec
-        self.prefetch = spec.prefetch or RECEIVER_QUEUE_SIZE
+        self.prefetch = prefetch or RECEIVER_QUEUE_SIZE
         self._consumers: dict[int, Any] = {}
         self._ready: list[tuple[int, int, _Delivery]] = []  # (-priority, seq, delivery)
         self._ready_lock = threading.Lock()
@@ -352,7 +352,7 @@ class PulsarWorker(WorkerLink):
             self.spec.name,
             kinds=self.spec.kinds,
             labels=self.spec.labels,
-            policy=self.conn.policy_for(a.kind),
+            policy=self.conn.policy_for(a),
             holder_gone=self._holder_gone,
             others_fresh=self._others_fresh,
             now=now,
@@ -573,7 +573,7 @@ class PulsarWorker(WorkerLink):
     async def _fail(self, r: Report, h: _Holding, now: int) -> Receipt:
         a = h.action
         a.cancel_requested = a.cancel_requested or self.conn.state.cancel_requested(a.id)
-        decision = lifecycle.fail(a, r.reason, self.conn.policy_for(a.kind), now, permanent=r.permanent)
+        decision = lifecycle.fail(a, r.reason, self.conn.policy_for(a), now, permanent=r.permanent)
         try:
             if decision.status is ActionStatus.RETRYING:
                 # the retry message first: a retry on the log always has a message to run it

@@ -269,8 +269,7 @@ async def serve(node: Any, params: NodeParams, stop: asyncio.Event) -> None:
                 bus,
                 f"ros-{node.get_name()}",
                 concurrency=len(routes),
-                sealer=creds.executor_sealer,
-                trust=creds.trust,
+                backend=creds.executor_options(),
             )
             for route, handler in routes:
                 executor.handler(route.kind)(handler)
