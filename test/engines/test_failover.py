@@ -17,7 +17,9 @@ from collections.abc import AsyncIterator
 import pytest
 
 from embodied_bus import Backpressure, PublisherOptions, SubscriptionOptions, open_bus
+from embodied_bus.engines.zenoh.failover import FailoverGate
 from embodied_bus.errors import BusConfigError
+from embodied_bus.model.header import Header, Modality
 from embodied_bus.testing.ports import free_port
 
 CLI = [sys.executable, "-m", "embodied_bus.cli.main"]
@@ -137,3 +139,41 @@ def test_failover_options_are_checked() -> None:
         SubscriptionOptions(failover_group="a/b")
     with pytest.raises(BusConfigError, match="Key_Shared or failover"):
         SubscriptionOptions(subscription_name="s", key_shared_ranges=((0, 10),), failover_group="g")
+
+
+class _Sink:
+    """A subscription's sink that keeps the sequence numbers it is given."""
+
+    def __init__(self) -> None:
+        self.seqs: list[int] = []
+
+    def deliver(self, header: Header, payload: object, ack: object) -> None:
+        self.seqs.append(header.seq)
+
+    def deliver_batch(self, items: list[tuple[Header, bytes]], ack: object = None) -> None:
+        self.seqs += [h.seq for h, _ in items]
+
+    def reject(self, error: Exception, ack: object) -> None:
+        raise error
+
+
+def test_a_member_that_took_over_never_repeats_what_the_one_before_reported_handled() -> None:
+    """Held samples the active member reported handled are dropped; one that reaches the new
+    active member late (after the old one left) is acknowledged, not delivered again."""
+    sink = _Sink()
+    gate = FailoverGate(sink, capacity=100)  # type: ignore[arg-type]
+    acks: list[int] = []
+
+    def sample(seq: int) -> Header:
+        return Header("orders", Modality.OTHER, seq, seq, 0, 1, 0, "raw", "", 7, 0)
+
+    for seq in (1, 2, 3):
+        gate.deliver(sample(seq), b"", lambda: acks.append(1))
+    gate.handled({("orders", 7): 5})  # the active member handled 1..5
+    gate.activate()
+    gate.deliver(sample(4), b"", lambda: acks.append(1))  # late: handled by the one before
+    gate.deliver_batch([(sample(5), b""), (sample(6), b"")], lambda: acks.append(1))
+    gate.deliver(sample(7), b"", None)
+    assert sink.seqs == [6, 7]
+    assert len(acks) == 5  # every sample acknowledged: held ones at once, late ones skipped
+    assert gate.replayed == 0

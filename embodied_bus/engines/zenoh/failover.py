@@ -82,25 +82,30 @@ class FailoverGate:
     # -- MessageSink ------------------------------------------------------------------------
     def deliver(self, header: Header, payload: bytes | EngineBuffer, ack: AckFn | None) -> None:
         with self._lock:
-            if self.active:
+            if self.active and not self._was_handled(header):
                 self._delivered[(header.stream, header.publisher_id)] = header.seq
                 self.sink.deliver(header, payload, ack)
                 return
-            self._hold(header, payload if isinstance(payload, bytes) else payload.to_bytes())
+            if not self.active:
+                self._hold(header, payload if isinstance(payload, bytes) else payload.to_bytes())
         if ack is not None:
             ack()
 
     def deliver_batch(self, items: list[tuple[Header, bytes]], ack: AckFn | None = None) -> None:
         with self._lock:
             if self.active:
-                for header, _ in items:
+                fresh = [(h, p) for h, p in items if not self._was_handled(h)]
+                for header, _ in fresh:
                     self._delivered[(header.stream, header.publisher_id)] = header.seq
-                self.sink.deliver_batch(items, ack)
-                return
-            for header, payload in items:
-                self._hold(header, payload)
+                if fresh:
+                    self.sink.deliver_batch(fresh, ack)
+                skipped = len(items) - len(fresh)
+            else:
+                for header, payload in items:
+                    self._hold(header, payload)
+                skipped = len(items)
         if ack is not None:
-            for _ in items:
+            for _ in range(skipped):
                 ack()
 
     def deliver_run(self, run: HeaderRun, ack: AckFn | None = None) -> None:
@@ -110,8 +115,13 @@ class FailoverGate:
         self.sink.reject(error, ack)
 
     # -- standing by and taking over --------------------------------------------------------
+    def _was_handled(self, header: Header) -> bool:
+        """Reported handled by the member that was active before (a sample that reaches this
+        one late, after it took over, is not repeated)."""
+        return header.seq <= self._handled.get((header.stream, header.publisher_id), -1)
+
     def _hold(self, header: Header, payload: bytes) -> None:
-        if header.seq <= self._handled.get((header.stream, header.publisher_id), -1):
+        if self._was_handled(header):
             return
         self._held.append((header, payload))
         if len(self._held) > self.capacity:
@@ -177,12 +187,12 @@ class FailoverSubscriber(EngineSubscriber):
         self.group = group
         self._listener = listener
         self._reporter: asyncio.Task[None] | None = None
-        self._send: Callable[[], None] = lambda: None
+        self._send: Callable[[bool], None] = lambda block: None
 
     def start_reports(self, engine: Coordinating, topic: str) -> None:
-        def send() -> None:
+        def send(block: bool = False) -> None:
             if self.gate.active:
-                engine.notify(topic, encode_progress(self.gate.progress()))
+                engine.notify(topic, encode_progress(self.gate.progress()), block=block)
 
         async def report() -> None:
             while True:
@@ -195,7 +205,7 @@ class FailoverSubscriber(EngineSubscriber):
     async def close(self) -> None:
         if self._reporter is not None:
             self._reporter.cancel()
-            self._send()  # leaving in order: the next member repeats nothing
+            self._send(True)  # leaving in order: the next member repeats nothing
         await self.group.leave()
         self._listener.undeclare()
         await self.inner.close()
@@ -213,10 +223,13 @@ async def open_failover(
     gate = FailoverGate(sink, capacity)
     me = f"{time.time_ns():020d}-{uuid.uuid4().hex[:8]}"
     settled = threading.Event()
+    joined: list[GroupMembership] = []  # the group, once watched (its callback may come first)
 
     def elect() -> None:
-        members = group.members()
-        if not settled.is_set() or me not in members:
+        if not settled.is_set() or not joined:
+            return
+        members = joined[0].members()
+        if me not in members:
             return
         if min(members) == me:
             gate.activate()
@@ -226,9 +239,11 @@ async def open_failover(
     topic = f"failover/{group_name}/progress"
     listener = engine.listen(topic, lambda _key, payload: gate.handled(decode_progress(payload)))
     group = await engine.watch_group(f"failover.{group_name}", lambda *_: elect())
+    joined.append(group)
     inner = await subscribe(gate)
     await group.announce(me, "m")
     await asyncio.sleep(SETTLE_S)  # the members already there are seen before electing
+    await group.refresh()  # and asked for: on a loaded host their tokens may still be on the way
     settled.set()
     elect()
     sub = FailoverSubscriber(inner, gate, group, listener)
