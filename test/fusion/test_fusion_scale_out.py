@@ -19,6 +19,7 @@ import yaml
 from fusion_workers import (
     assert_one_workers_frames,
     frames_killing_one,
+    fusion_log,
     key_shared_consumers,
     last_json,
     one_worker_frames,
@@ -76,7 +77,8 @@ async def test_three_workers_publish_every_bucket_once_through_join_kill_and_lea
 ) -> None:
     """Zenoh: ownership ring. Pulsar: Key_Shared STICKY slots, acks after the frame.
 
-    w1 and w2 start, w3 joins at 1 s, w2 is SIGKILLed at 2.5 s, w1 leaves (SIGINT) at 3.2 s."""
+    w1 and w2 start, w3 joins at 1 s, w2 is SIGKILLed at 2.5 s (once w3 is up), w1 leaves
+    (SIGINT) at 3.2 s (after the kill)."""
     # Three Python workers, a Java broker and this test share two cores: allow 1 s of lateness
     # so scheduling hiccups do not turn into late samples.
     doc = yaml.safe_load(CONFIG.read_text())
@@ -90,7 +92,7 @@ async def test_three_workers_publish_every_bucket_once_through_join_kill_and_lea
     else:
         hub_url = worker_url = request.getfixturevalue("pulsar_url")
         mode = "key-shared"
-    samples = generate(Scenario(duration_s=8))
+    samples = generate(Scenario(duration_s=12))
     async with open_bus(hub_url, namespace=ns) as hub:
         frames_sub = await hub.subscribe(
             frames_stream(SPEC), options=SubscriptionOptions(capacity=10_000, backpressure=Backpressure.BLOCK)
@@ -118,19 +120,25 @@ async def test_three_workers_publish_every_bucket_once_through_join_kill_and_lea
             t_wall = time.monotonic()
             t_first = samples[0].receive_ns
             left = False
-            for s in samples:  # 2x real time: 8 s of data in 4 s
+            w3_up: asyncio.Task[str] | None = None
+            for s in samples:  # 2x real time: 12 s of data in 6 s
                 elapsed = time.monotonic() - t_wall
                 if w3 is None and elapsed > 1.0:
-                    w3 = _worker(worker_url, ns, "w3", mode, config)  # joins mid-stream
-                if w2.poll() is None and elapsed > 2.5:
+                    w3 = worker(worker_url, ns, "w3", mode, config, json_summary=False)  # joins mid-stream
+                    w3_up = asyncio.create_task(asyncio.to_thread(ready_line, w3, 30))
+                # w3 makes frames from the data it saw: it is up (subscribed) before w2 dies and
+                # w1 leaves, else the frames of the moments between are nobody's to make
+                up = w3_up is not None and w3_up.done()
+                if w2.poll() is None and elapsed > 2.5 and up:
                     w2.send_signal(signal.SIGKILL)  # dies mid-stream
-                if not left and elapsed > 3.2:
+                if not left and elapsed > 3.2 and w2.poll() is not None:
                     w1.send_signal(signal.SIGINT)  # leaves mid-stream, cleanly
                     left = True
                 delay = t_wall + (s.receive_ns - t_first) / 2e9 - time.monotonic()
                 if delay > 0:
                     await asyncio.sleep(delay)
                 await pubs[s.stream].publish(b"x", stamp_ns=s.stamp_ns)
+            assert left and w2.returncode == -signal.SIGKILL, "w3 was not up before the stream ended"
             sweeps = sorted(s.stamp_ns for s in samples if s.stream == "lidar/top")
             frames = []
             try:
@@ -149,7 +157,9 @@ async def test_three_workers_publish_every_bucket_once_through_join_kill_and_lea
     # Pulsar: a frame the SIGKILLed worker published but had not yet acknowledged comes back to
     # its new owner, which reads the frames stream to its end before publishing it again.
     assert len(keys) == len(set(keys)), "a frame was published twice"
-    assert set(sweeps) <= set(keys), f"lost sweeps {sorted(set(sweeps) - set(keys))[:10]}"
+    lost = sorted(set(sweeps) - set(keys))
+    logs = fusion_log(w for w in (w1, w2, w3) if w is not None)
+    assert not lost, f"lost {len(lost)} sweeps {lost[:10]}; the workers' log:\n{logs}\nsummaries: {outs}"
     with_lidar = [f for f in frames if f.member("lidar/top")]
     complete = sum(f.complete for f in with_lidar)
     incomplete = [(f.reference_stamp_ns, f.missing, f.forced) for f in with_lidar if not f.complete]
