@@ -374,7 +374,7 @@ async def test_retry_policy_writes_the_pulsar_queues_policies_and_refuses_bad_on
         try:
             await queue.start()
             await queue.state.sync()
-            got = {k: queue.conn.policy_for(k) for k in ("dock", "pick", "other")}
+            got = {k: queue.state.policies.for_kind(k) for k in ("dock", "pick", "other")}
         finally:
             await queue.close()
     assert (got["dock"].max_attempts, got["pick"].max_attempts, got["other"].max_attempts) == (1, 2, 7)

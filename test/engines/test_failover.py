@@ -165,7 +165,19 @@ def test_a_member_that_took_over_never_repeats_what_the_one_before_reported_hand
     acks: list[int] = []
 
     def sample(seq: int) -> Header:
-        return Header("orders", Modality.OTHER, seq, seq, 0, 1, 0, "raw", "", 7, 0)
+        return Header(
+            stream="orders",
+            modality=Modality.OTHER,
+            seq=seq,
+            stamp_ns=seq,
+            bucket=0,
+            bucket_width_ns=1,
+            bucket_offset_ns=0,
+            encoding="raw",
+            frame_id="",
+            publisher_id=7,
+            publish_ns=0,
+        )
 
     for seq in (1, 2, 3):
         gate.deliver(sample(seq), b"", lambda: acks.append(1))
