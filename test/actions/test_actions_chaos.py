@@ -18,11 +18,9 @@ from __future__ import annotations
 import asyncio
 import itertools
 import json
-import os
 import random
 import signal
 import subprocess
-import sys
 import time
 import uuid
 from collections.abc import AsyncIterator, Iterator
@@ -32,6 +30,7 @@ from typing import Any
 
 import pytest
 from chaos_handlers import STEP_S
+from processes import CLI, helper_env
 
 from embodied_bus import open_bus
 from embodied_bus.actions import Action, ActionStatus, Planner, RetryPolicy
@@ -39,8 +38,6 @@ from embodied_bus.actions.queue import EXECUTOR_GROUP
 from embodied_bus.testing.ports import free_port
 from embodied_bus.testing.pulsar import PulsarStandalone
 
-TEST_DIR = Path(__file__).resolve().parents[1] / "support"  # the helper modules
-CLI = [sys.executable, "-m", "embodied_bus.cli.main"]
 MAX_ATTEMPTS = 8
 #: Actions submitted, over :data:`SUBMIT_S` seconds.
 ACTIONS = 120
@@ -118,11 +115,7 @@ class Fleet:
     kills: int = 0
 
     def start(self, name: str) -> None:
-        env = {
-            **os.environ,
-            "PYTHONPATH": f"{TEST_DIR}{os.pathsep}{os.environ.get('PYTHONPATH', '')}",
-            "EB_CHAOS_LOG": str(self.log_dir),
-        }
+        env = helper_env(EB_CHAOS_LOG=str(self.log_dir))
         cmd = [*CLI, "executor", "--bus", self.url, "--ns", self.ns, "--name", name]
         cmd += ["--handlers", "chaos_handlers:HANDLERS", "--concurrency", "2", *self.extra]
         if name == "ecut":

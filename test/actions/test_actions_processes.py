@@ -7,11 +7,11 @@ import json
 import os
 import signal
 import subprocess
-import sys
 import urllib.request
 from pathlib import Path
 
 import pytest
+from processes import CLI, helper_env, wait_line
 
 from embodied_bus import open_bus
 from embodied_bus.actions import ActionStatus, Planner, QueueService, RetryPolicy
@@ -22,29 +22,9 @@ from conftest import wait_until, zenoh_urls
 # Timing-sensitive on a loaded 2-core CI machine (several processes start and discover each other): one rerun.
 pytestmark = pytest.mark.flaky(reruns=1)
 
-TEST_DIR = Path(__file__).resolve().parents[1] / "support"  # the helper modules
-CLI = [sys.executable, "-m", "embodied_bus.cli.main"]
-
-
-def wait_line(proc: subprocess.Popen[str], text: str, timeout_s: float = 60) -> None:
-    """Wait until the process prints a line containing ``text`` (it is ready)."""
-    import threading
-
-    seen = threading.Event()
-
-    def read() -> None:
-        assert proc.stdout is not None
-        for line in proc.stdout:
-            if text in line:
-                seen.set()
-                return
-
-    threading.Thread(target=read, daemon=True).start()
-    assert seen.wait(timeout_s), f"process never printed {text!r}: {proc.poll()}"
-
 
 def executor(url: str, ns: str, name: str, *more: str) -> subprocess.Popen[str]:
-    env = {**os.environ, "PYTHONPATH": f"{TEST_DIR}{os.pathsep}{os.environ.get('PYTHONPATH', '')}"}
+    env = helper_env()
     return subprocess.Popen(
         [
             *CLI,
@@ -359,7 +339,7 @@ async def test_an_executor_started_before_the_queue_waits_for_it_and_one_told_no
         capture_output=True,
         text=True,
         timeout=60,
-        env={**os.environ, "PYTHONPATH": f"{TEST_DIR}{os.pathsep}{os.environ.get('PYTHONPATH', '')}"},
+        env=helper_env(),
     )
     assert quick.returncode != 0 and "cannot open Zenoh session" in quick.stderr, quick.stderr
     early = executor(url_b, ns, "early")

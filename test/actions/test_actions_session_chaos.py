@@ -11,11 +11,9 @@ from __future__ import annotations
 
 import asyncio
 import json
-import os
 import random
 import signal
 import subprocess
-import sys
 import time
 import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable
@@ -23,6 +21,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from processes import CLI, helper_env
 
 from embodied_bus import open_bus
 from embodied_bus.actions import Action, ActionStatus, Planner, RetryPolicy
@@ -30,8 +29,6 @@ from embodied_bus.actions.queue import EXECUTOR_GROUP
 from embodied_bus.testing.ports import free_port
 from embodied_bus.testing.pulsar import PulsarStandalone
 
-TEST_DIR = Path(__file__).resolve().parents[1] / "support"  # the helper modules
-CLI = [sys.executable, "-m", "embodied_bus.cli.main"]
 SESSIONS = 200
 STEPS = 5
 POISONED = 10
@@ -52,11 +49,7 @@ class Processes:
         self.kills: list[tuple[str, int]] = []  # (name, time.monotonic_ns() of the kill)
 
     def _spawn(self, name: str, cmd: list[str]) -> None:
-        env = {
-            **os.environ,
-            "PYTHONPATH": f"{TEST_DIR}{os.pathsep}{os.environ.get('PYTHONPATH', '')}",
-            "EB_CHAOS_LOG": str(self.log_dir),
-        }
+        env = helper_env(EB_CHAOS_LOG=str(self.log_dir))
         with open(self.tmp / f"{name}.stderr", "ab") as err:
             self.procs[name] = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=err, env=env)
 

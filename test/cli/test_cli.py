@@ -9,6 +9,8 @@ import sys
 import time
 from pathlib import Path
 
+from processes import helper_env
+
 from embodied_bus import __version__
 from embodied_bus.testing.ports import free_port
 
@@ -43,7 +45,7 @@ def test_an_executor_prefetch_below_one_or_a_negative_queue_bound_is_refused_by_
 
 def test_an_executor_given_another_engines_queue_options_exits_naming_them() -> None:
     """``--prefetch`` is Pulsar's, ``--seal``/``--trust`` the Zenoh queue service's."""
-    env = {**os.environ, "PYTHONPATH": str(ROOT / "test" / "support")}
+    env = helper_env()
     bus = f"zenoh:?listen=tcp/127.0.0.1:{free_port()}"
     base = [*CLI, "executor", "--handlers", "action_handlers:HANDLERS", "--bus", bus, "--prefetch", "2"]
     out = subprocess.run(base, capture_output=True, text=True, timeout=60, env=env, check=False)

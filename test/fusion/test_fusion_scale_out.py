@@ -18,6 +18,7 @@ import pytest
 import yaml
 from fusion_workers import (
     assert_one_workers_frames,
+    drifting_recording,
     frames_killing_one,
     fusion_log,
     key_shared_consumers,
@@ -36,7 +37,6 @@ from embodied_bus.fusion import decode_frame, load_spec
 from embodied_bus.fusion.offline import digest, frame_record
 from embodied_bus.fusion.ownership import rendezvous_owner
 from embodied_bus.fusion.worker import FusionWorker, frames_stream
-from embodied_bus.replay.synthetic import write_recording
 from embodied_bus.sim.scenario import Scenario, generate
 from embodied_bus.testing.ports import free_port
 
@@ -365,12 +365,5 @@ async def test_a_minute_of_a_drifting_lidar_into_three_workers_of_the_shipped_sp
     as shipped), replayed fast into three workers, one SIGKILLed: every sweep's frame comes out
     once with the offline members."""
     path = tmp_path / "drift.mcap"
-    sc = Scenario(
-        duration_s=60,
-        rates_hz={"lidar/top": 10.03, "camera/front": 29.97},
-        jitter_ns={"camera/front": 6_000_000},
-        seed=7,
-    )
-    write_recording(path, generate(sc))
-    topics = ("/lidar/top", "/camera/front", "/gps", "/imu")
+    topics = drifting_recording(path, 60, seed=7)
     await refuse(request, engine_name, "three-one-killed", "fast", path, topics, CONFIG, 60.0)

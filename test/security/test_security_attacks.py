@@ -12,10 +12,8 @@ from __future__ import annotations
 
 import asyncio
 import json
-import os
 import signal
 import subprocess
-import sys
 import time
 import uuid
 from collections.abc import AsyncIterator
@@ -26,6 +24,7 @@ from typing import Any
 import msgspec
 import pytest
 import zenoh
+from processes import CLI, ROOT, helper_env, wait_line
 
 from embodied_bus import Bus, open_bus
 from embodied_bus.actions import Action, ActionError, ActionStatus, Planner, ZenohQueueOptions
@@ -43,25 +42,6 @@ from embodied_bus.security import (
     save_private_key,
 )
 from embodied_bus.testing.ports import free_port
-
-TEST_DIR = Path(__file__).resolve().parents[1] / "support"  # the helper modules
-CLI = [sys.executable, "-m", "embodied_bus.cli.main"]
-
-
-def wait_line(proc: subprocess.Popen[str], text: str, timeout_s: float = 60) -> None:
-    import threading
-
-    seen = threading.Event()
-
-    def read() -> None:
-        assert proc.stdout is not None
-        for line in proc.stdout:
-            if text in line:
-                seen.set()
-                return
-
-    threading.Thread(target=read, daemon=True).start()
-    assert seen.wait(timeout_s), f"process never printed {text!r}: {proc.poll()}"
 
 
 @dataclass
@@ -133,11 +113,7 @@ async def site(tmp_path: Path, request: pytest.FixtureRequest) -> AsyncIterator[
         allow,
     )
     s = Site(tmp_path, "sec" + uuid.uuid4().hex[:8], free_port(), allow, keys)
-    env = {
-        **os.environ,
-        "PYTHONPATH": f"{TEST_DIR}{os.pathsep}{os.environ.get('PYTHONPATH', '')}",
-        "EB_ATTACK_LOG": str(tmp_path / "runs.jsonl"),
-    }
+    env = helper_env(EB_ATTACK_LOG=str(tmp_path / "runs.jsonl"))
     queue = subprocess.Popen(
         [
             *CLI,
@@ -501,7 +477,7 @@ async def test_a_sample_stamped_at_int64_max_leaves_fuse_serving(tmp_path: Path)
 
     from embodied_bus.fusion import load_spec
 
-    spec_path = TEST_DIR.parents[1] / "config" / "fusion.yaml"
+    spec_path = ROOT / "config" / "fusion.yaml"
     port, ns, frames_out = free_port(), "stamps" + uuid.uuid4().hex[:6], tmp_path / "frames.jsonl"
     fuse = subprocess.Popen(
         [*CLI, "fuse", "--config", str(spec_path), "--bus", f"zenoh:?listen=tcp/127.0.0.1:{port}",

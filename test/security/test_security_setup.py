@@ -6,24 +6,20 @@ runs unsealed on a bus other hosts can reach says so once."""
 from __future__ import annotations
 
 import json
-import os
 import re
 import signal
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 import yaml
+from processes import CLI, ROOT, helper_env
 
 from embodied_bus.engines.urls import parse_bus_url
 from embodied_bus.ros.config import RobotConfigError, load_robot_config, robot_config_from_dict
 from embodied_bus.ros.launching import LAUNCH_FILES, LaunchArgs
 from embodied_bus.security import Role, load_allow_list
 from embodied_bus.testing.ports import free_port
-
-TEST_DIR = Path(__file__).resolve().parents[1] / "support"  # the helper modules
-CLI = [sys.executable, "-m", "embodied_bus.cli.main"]
 
 
 def keys_init(folder: Path, *argv: str) -> str:
@@ -61,7 +57,7 @@ def test_the_robot_yaml_security_section_seals_the_launched_queue_and_names_miss
 ) -> None:
     printed = keys_init(tmp_path / "keys")
     section = yaml.safe_load(printed[printed.index("security:") : printed.index("# processes")])
-    robot = yaml.safe_load((TEST_DIR.parents[1] / "config" / "robot.yaml").read_text()) | section
+    robot = yaml.safe_load((ROOT / "config" / "robot.yaml").read_text()) | section
     (tmp_path / "robot.yaml").write_text(yaml.safe_dump(robot))
     args = LaunchArgs(config=str(tmp_path / "robot.yaml"), rclpy=False, router=True)
     (queue,) = [p for p in LAUNCH_FILES["robot"].processes(args) if p.name == "queue_service"]
@@ -82,11 +78,7 @@ def test_processes_started_as_keys_init_says_run_sealed_and_unsealed_ones_say_so
     listen = f"zenoh:?listen=tcp/0.0.0.0:{port}"  # other hosts can reach it
     url = f"zenoh://127.0.0.1:{port}"
     assert parse_bus_url(listen).reaches_other_hosts and not parse_bus_url(url).reaches_other_hosts
-    env = {
-        **os.environ,
-        "PYTHONPATH": f"{TEST_DIR}{os.pathsep}{os.environ.get('PYTHONPATH', '')}",
-        "EB_ATTACK_LOG": str(tmp_path / "runs.jsonl"),
-    }
+    env = helper_env(EB_ATTACK_LOG=str(tmp_path / "runs.jsonl"))
     db = str(tmp_path / "q.db")
     queue = subprocess.Popen(
         [*CLI, "queue", "--bus", listen, "--ns", ns, "--db", db, *flags_of(printed, "queue")],

@@ -20,6 +20,8 @@ from embodied_bus.fusion import FusionSpec, MultiModalFrame, decode_frame
 from embodied_bus.fusion.offline import FrameRecord, frame_record, offline_frames
 from embodied_bus.model import Header, HeaderFlags, Modality, Sample
 from embodied_bus.replay import RecordedMessage, modality_of, read_recording, topic_to_stream
+from embodied_bus.replay.synthetic import write_recording
+from embodied_bus.sim.scenario import Scenario, generate
 from embodied_bus.streams.subscriber import Subscription
 
 CLI = [sys.executable, "-m", "embodied_bus.cli.main"]
@@ -27,6 +29,23 @@ CLI = [sys.executable, "-m", "embodied_bus.cli.main"]
 
 #: Each spawned process's standard error (see :func:`spawn`).
 _STDERR: dict[int, IO[str]] = {}
+
+
+#: The topics of :func:`drifting_recording`.
+DRIFTING_TOPICS = ("/lidar/top", "/camera/front", "/gps", "/imu")
+
+
+def drifting_recording(path: Path, duration_s: float, seed: int) -> tuple[str, ...]:
+    """Write an MCAP recording of a drifting 10.03 Hz lidar, a 29.97 Hz camera with 6 ms of
+    jitter, GPS and IMU to ``path``; its topics."""
+    sc = Scenario(
+        duration_s=duration_s,
+        rates_hz={"lidar/top": 10.03, "camera/front": 29.97},
+        jitter_ns={"camera/front": 6_000_000},
+        seed=seed,
+    )
+    write_recording(path, generate(sc))
+    return DRIFTING_TOPICS
 
 
 def spawn(cmd: list[str]) -> subprocess.Popen[str]:

@@ -20,6 +20,7 @@ import pytest
 import yaml
 from fusion_workers import (
     assert_one_workers_frames,
+    drifting_recording,
     frames_killing_one,
     fusion_log,
     last_json,
@@ -40,8 +41,6 @@ from embodied_bus.errors import BusConnectionError
 from embodied_bus.fusion import load_spec
 from embodied_bus.fusion.offline import digest, frame_record
 from embodied_bus.fusion.worker import frames_stream
-from embodied_bus.replay.synthetic import write_recording
-from embodied_bus.sim.scenario import Scenario, generate
 from embodied_bus.testing.cluster import PulsarCluster
 from embodied_bus.uplink import Uplink, uplink_config_from_dict
 from embodied_bus.uplink.down import run_down
@@ -348,14 +347,7 @@ async def test_key_shared_fusion_workers_give_the_offline_frames_through_the_dea
     replay process: a lateness bound for two cores loaded by a cluster, and the GPS waited for
     (with its ``max_delay_ms`` a fix stuck behind the replay's other topics is not waited for)."""
     path = tmp_path / "drift.mcap"
-    sc = Scenario(
-        duration_s=40,
-        rates_hz={"lidar/top": 10.03, "camera/front": 29.97},
-        jitter_ns={"camera/front": 6_000_000},
-        seed=11,
-    )
-    write_recording(path, generate(sc))
-    topics = ("/lidar/top", "/camera/front", "/gps", "/imu")
+    topics = drifting_recording(path, 40, seed=11)
     doc = yaml.safe_load(FUSION_CONFIG.read_text())
     doc["fusion"]["lateness_ms"] = 1000
     del doc["fusion"]["streams"]["gps"]["max_delay_ms"]
